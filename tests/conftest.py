@@ -1,0 +1,48 @@
+"""Shared test fixtures: random rollout batches in the shape trainers produce them."""
+
+import random
+
+import pytest
+import torch
+
+from gepo_xtuner.advantage import RolloutBatch, encode_domains
+
+
+def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_len: int = 9,
+                 domains: tuple[str, ...] = ('math', 'physics', 'code')) -> RolloutBatch:
+    """A shuffled batch with ragged groups, ties, empty responses and sparse group ids.
+
+    Rewards are binary, continuous or all-equal per group; some responses have no
+    tokens; group ids are large non-contiguous integers in random order.
+    """
+    rows = []
+    for g in range(rng.randint(1, max_groups)):
+        gid = rng.randrange(10**6)
+        k = rng.randint(1, max_k)
+        kind = rng.choice(['binary', 'float', 'equal'])
+        const = rng.random()
+        dom = rng.choice(domains)
+        temp = rng.uniform(0.1, 2.0)  # groups differ in entropy scale
+        for _ in range(k):
+            r = {'binary': float(rng.random() < 0.4), 'float': rng.gauss(0, 2), 'equal': const}[kind]
+            length = 0 if rng.random() < 0.1 else rng.randint(1, max_len)
+            lps = [-rng.expovariate(1 / temp) for _ in range(length)]
+            rows.append((gid, dom, r, lps, f'prompt-{gid}'))
+    rng.shuffle(rows)
+    n, t = len(rows), max(1, max(len(r[3]) for r in rows))
+    logprobs = torch.full((n, t), 7.0)  # garbage in padding must be ignored
+    mask = torch.zeros(n, t, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        logprobs[i, :len(row[3])] = torch.tensor(row[3], dtype=torch.float32)
+        mask[i, :len(row[3])] = True
+    ids, names = encode_domains([r[1] for r in rows])
+    return RolloutBatch(
+        rewards=torch.tensor([r[2] for r in rows]),
+        group_ids=torch.tensor([r[0] for r in rows]),
+        logprobs=logprobs, mask=mask, domain_ids=ids, domain_names=names,
+        prompt_ids=[r[4] for r in rows])
+
+
+@pytest.fixture
+def make_batch():
+    return random_batch
