@@ -157,15 +157,17 @@ class AdvantageProcessor:
                  groups: GroupView, batch: RolloutBatch) -> dict[str, float]:
         """Batch-level and per-domain metrics, gathered with one host transfer."""
         metrics: dict[str, float] = {}
+        ent = groups.entropy[groups.has_tokens]
+        num_ent = max(ent.numel(), 1)  # no groups with tokens -> NaN statistics below
+        ent_mean = ent.sum() / num_ent if ent.numel() else ent.new_tensor(math.nan)
+        ent_std = ((ent - ent_mean)**2).sum().div(num_ent).sqrt()
         totals = torch.stack([
             adv.mean(), adv.std(correction=0), adv.abs().mean(), low.double().mean(),
-            high.double().mean(), rewards.mean(),
-            torch.nanmean(groups.entropy) if bool(groups.has_tokens.any()) else
-            adv.new_tensor(math.nan)
+            high.double().mean(), rewards.mean(), ent_mean, ent_std, ent.new_tensor(ent.numel())
         ]).tolist()
-        for key, value in zip(('adv/mean', 'adv/std', 'adv/abs_mean', 'shaping/frac_low',
-                               'shaping/frac_high', 'reward/mean', 'entropy/group_mean'), totals):
-            metrics[key] = value
+        keys = ('adv/mean', 'adv/std', 'adv/abs_mean', 'shaping/frac_low', 'shaping/frac_high',
+                'reward/mean', 'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens')
+        metrics.update(zip(keys, totals))
         if batch.domain_ids is None:
             return metrics
         names = list(batch.domain_names)

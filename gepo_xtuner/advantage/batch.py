@@ -55,6 +55,8 @@ class RolloutBatch:
         n = self.rewards.shape[0] if self.rewards.dim() == 1 else -1
         if n < 0:
             raise ValueError(f'rewards must have shape (N,), got {tuple(self.rewards.shape)}')
+        if n == 0:
+            raise ValueError('the batch has no responses (rewards has shape (0,))')
         if not self.rewards.is_floating_point():
             raise ValueError(f'rewards must be a float tensor, got dtype {self.rewards.dtype}')
         if tuple(self.group_ids.shape) != (n, ):
