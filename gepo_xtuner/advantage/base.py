@@ -66,20 +66,35 @@ class GroupView:
     lengths: Tensor
 
 
-def response_token_sums(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+def response_token_sums(values: Tensor, mask: Tensor,
+                        chunk_elements: int = 1 << 18) -> tuple[Tensor, Tensor]:
     """Masked row sums and row lengths of a padded ``(N, T)`` tensor.
+
+    This is the only pass over the token dimension on the advantage path. On CPU
+    it runs over blocks of rows of about ``chunk_elements`` tokens, so the masked
+    temporary stays cache-sized instead of allocating (and page-faulting) a second
+    ``(N, T)`` tensor; on accelerators it is a single fused reduction.
 
     Args:
         values: ``(N, T)`` float.
         mask: ``(N, T)`` bool or 0/1.
+        chunk_elements: CPU block size in tokens.
 
     Returns:
-        ``(sums, lengths)``, each ``(N,)`` float64.
+        ``(sums, lengths)``, each ``(N,)`` float64. Row sums accumulate in the
+        input dtype (torch's cascaded summation; relative error ~1e-7 in float32),
+        which is several times faster than float64 accumulation on CPU.
     """
     if mask.dtype != torch.bool:
         mask = mask != 0
-    sums = torch.where(mask, values, 0).sum(dim=1, dtype=torch.float64)
-    lengths = mask.sum(dim=1).to(torch.float64)
+    n, t = values.shape
+    rows = n if values.device.type != 'cpu' else max(1, chunk_elements // max(t, 1))
+    sums = values.new_empty(n, dtype=torch.float64)
+    lengths = values.new_empty(n, dtype=torch.float64)
+    for start in range(0, n, rows):
+        block = mask[start:start + rows]
+        sums[start:start + rows] = torch.where(block, values[start:start + rows], 0).sum(1)
+        lengths[start:start + rows] = block.sum(1, dtype=torch.int32)
     return sums, lengths
 
 

@@ -60,8 +60,8 @@ def test_gepo_matches_reference_across_steps(seed, make_batch):
         assert_close(out.advantages.tolist(), expected)
         if used is not None:
             got = [out.metrics[k] for k in ('gepo/h_low', 'gepo/h_high', 'gepo/mu', 'gepo/sigma')]
-            assert_close(got, list(used), tol=1e-9)
-        assert math.isclose(state.h_low, ref.h_low, rel_tol=1e-9, abs_tol=1e-12)
+            assert_close(got, list(used), tol=1e-6)  # float32 token sums
+        assert math.isclose(state.h_low, ref.h_low, rel_tol=1e-6, abs_tol=1e-9)
         changed = (out.advantages != out.raw_advantages).tolist()
         flagged = (out.shaped_low | out.shaped_high).tolist()
         # a flag may sit on a response whose alpha is 1 (no change), never the reverse
