@@ -1,0 +1,19 @@
+"""Policy-gradient losses; importing this package registers them in ``POLICY_LOSSES``.
+
+Every loss is a plain callable configured by keyword arguments::
+
+    loss, metrics = loss_fn(logprobs, old_logprobs, advantages, mask,
+                            num_tokens=None, num_seqs=None)
+
+with ``logprobs``, ``old_logprobs``, ``mask`` of shape ``(N, T)`` and ``advantages``
+of shape ``(N,)`` or ``(N, T)``; ``metrics`` maps ``'area/name'`` to detached 0-dim
+tensors.
+"""
+
+from gepo_xtuner.loss.aggregate import AGG_MODES, aggregate, masked_mean
+from gepo_xtuner.loss.cispo import CISPOLoss
+from gepo_xtuner.loss.cov import ClipCovLoss, KLCovLoss
+from gepo_xtuner.loss.ppo import PPOClipLoss
+
+__all__ = ['AGG_MODES', 'CISPOLoss', 'ClipCovLoss', 'KLCovLoss', 'PPOClipLoss',
+           'aggregate', 'masked_mean']
