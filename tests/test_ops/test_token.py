@@ -76,22 +76,44 @@ def test_ignore_index_none_and_custom():
         gather_logprobs(logits, torch.full_like(labels, -100), ignore_index=None)
 
 
+def test_strided_and_4d_inputs():
+    logits, labels = _inputs((3, 10), vocab=30, seed=5)
+    x = logits.clone().requires_grad_()
+    shifted, shifted_labels = x[:, :-1], labels[:, 1:]  # not flattenable without a copy
+    out = gather_logprobs(shifted, shifted_labels, temperature=0.9, chunk_size=4)
+    ent = token_entropy(shifted, chunk_size=4)
+    x_ref = logits.clone().requires_grad_()
+    ref = _ref_logprobs(x_ref[:, :-1], shifted_labels, 0.9)
+    ref_ent = _ref_entropy(x_ref[:, :-1])
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=1e-5)
+    (out.sum() + ent.sum()).backward()
+    (ref.sum() + ref_ent.sum()).backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, atol=1e-5, rtol=1e-5)
+    four_d = logits.reshape(3, 2, 5, 30).transpose(0, 1)
+    torch.testing.assert_close(gather_logprobs(four_d, labels.reshape(3, 2, 5).transpose(0, 1)),
+                               _ref_logprobs(four_d, labels.reshape(3, 2, 5).transpose(0, 1)))
+    torch.testing.assert_close(token_entropy(four_d.transpose(-1, -2).transpose(-1, -2)),
+                               _ref_entropy(four_d))
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-def test_half_precision_inputs(dtype):
+@pytest.mark.parametrize('temp', [1.0, 0.7])
+def test_half_precision_inputs(dtype, temp):
     logits, labels = _inputs((4, 16), vocab=300, seed=3)
     low = logits.to(dtype)
-    out = gather_logprobs(low, labels, chunk_size=5)
+    out = gather_logprobs(low, labels, temperature=temp, chunk_size=5)
     assert out.dtype == torch.float32
-    # compare with the same (rounded) logits in float32, and loosely with the originals
-    torch.testing.assert_close(out, _ref_logprobs(low.float(), labels), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out, _ref_logprobs(logits, labels), atol=0.1, rtol=0.02)
-    ent = token_entropy(low, chunk_size=5)
+    # the same (rounded) logits in float32 must match tightly, the originals loosely
+    torch.testing.assert_close(out, _ref_logprobs(low.float(), labels, temp), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, _ref_logprobs(logits, labels, temp), atol=0.1, rtol=0.02)
+    ent = token_entropy(low, temperature=temp, chunk_size=5)
     assert ent.dtype == torch.float32
-    torch.testing.assert_close(ent, _ref_entropy(low.float()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, _ref_entropy(low.float(), temp), atol=1e-5, rtol=1e-5)
     x = low.clone().requires_grad_()
-    gather_logprobs(x, labels, chunk_size=5).sum().backward()
+    gather_logprobs(x, labels, temperature=temp, chunk_size=5).sum().backward()
     x_ref = low.float().requires_grad_()
-    _ref_logprobs(x_ref, labels).sum().backward()
+    _ref_logprobs(x_ref, labels, temp).sum().backward()
     assert x.grad.dtype == dtype
     torch.testing.assert_close(x.grad.float(), x_ref.grad, atol=1e-2, rtol=1e-2)
 
@@ -198,10 +220,22 @@ def test_intermediates_are_chunk_bounded(fn):
     assert max(naive.sizes) >= full_bytes
 
     x = logits.clone().requires_grad_()
+    strided = torch.cat([logits, logits], dim=1)[:, 1:65]  # (4, 64, V), not flattenable
     with _FreshAllocations() as fwd:
         out = call(x)
+        call(strided)  # no full-size copy either
     assert max(fwd.sizes) <= chunk_bytes
     with _FreshAllocations() as bwd:
         out.sum().backward()
     big = [s for s in bwd.sizes if s > chunk_bytes]
     assert big == [full_bytes]  # only the gradient itself
+
+
+def test_auto_chunk_size_matches_explicit_chunks():
+    from gepo_xtuner.ops.token import CHUNK_ELEMENTS, auto_chunk_size
+    logits = torch.randn(3, 50, 1000)
+    labels = torch.randint(0, 1000, (3, 50))
+    assert auto_chunk_size(logits) == CHUNK_ELEMENTS['cpu'] // 1000
+    torch.testing.assert_close(gather_logprobs(logits, labels),
+                               gather_logprobs(logits, labels, chunk_size=7))
+    torch.testing.assert_close(token_entropy(logits), token_entropy(logits, chunk_size=7))
