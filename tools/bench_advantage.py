@@ -14,7 +14,7 @@ the paper-scale batch.
 
 Usage::
 
-    python tools/bench_advantage.py [--repeats 15] [--threads N]
+    python tools/bench_advantage.py [--repeats 45] [--threads N]
 """
 
 import argparse
@@ -82,7 +82,7 @@ def bench(prompts: int, k: int, max_len: int, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--repeats', type=int, default=15)
+    parser.add_argument('--repeats', type=int, default=45)
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     args = parser.parse_args()
     if args.threads:
