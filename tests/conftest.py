@@ -16,7 +16,7 @@ def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_le
     tokens; group ids are large non-contiguous integers in random order.
     """
     rows = []
-    for g in range(rng.randint(1, max_groups)):
+    for _ in range(rng.randint(1, max_groups)):
         gid = rng.randrange(10**6)
         k = rng.randint(1, max_k)
         kind = rng.choice(['binary', 'float', 'equal'])

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
               f'{fmt(d["accuracy"], 7, 3)}{fmt(d["advantage_skewness_before"], 8, 2)}'
               f'{fmt(d["advantage_skewness_after"], 9, 2)}{100 * d["frac_shaped_low"]:>7.1f}'
               f'{100 * d["frac_shaped_high"]:>7.1f}')
-    for name, path in paths.items():
+    for path in paths.values():
         print(f'wrote {path}')
     return 0
 

@@ -1,39 +1,14 @@
 """Tests for CISPOLoss against a per-token plain-Python reference."""
 
 import math
-import random
 
 import pytest
 import torch
 
+from .cases import agg_weights, random_case, to_tensors
 from gepo_xtuner.loss import CISPOLoss, PPOClipLoss
 
 AGGS = ('token-mean', 'seq-mean-token-mean')
-
-
-def random_case(seed):
-    """Python lists: logprobs, old_logprobs, advantages ((N,) or (N, T)), mask."""
-    rng = random.Random(1000 + seed)
-    n, t = rng.randint(1, 5), rng.randint(1, 7)
-    lp = [[rng.uniform(-3.0, -0.05) for _ in range(t)] for _ in range(n)]
-    old = [[x + rng.uniform(-2.0, 1.0) for x in row] for row in lp]  # rho in [0.37, 7.4]
-    mask = [[rng.random() < 0.75 for _ in range(t)] for _ in range(n)]
-    if n > 1:
-        mask[rng.randrange(n)] = [False] * t
-    if seed % 2:
-        adv = [rng.gauss(0.0, 1.0) for _ in range(n)]
-    else:
-        adv = [[rng.gauss(0.0, 1.0) for _ in range(t)] for _ in range(n)]
-    return lp, old, adv, mask
-
-
-def agg_weights(mask, agg):
-    """d loss / d per-token loss for the two aggregation modes (plain Python)."""
-    n_tok = sum(map(sum, mask))
-    n_seq = sum(1 for row in mask if any(row))
-    if agg == 'token-mean':
-        return [[1.0 / n_tok if m else 0.0 for m in row] for row in mask]
-    return [[1.0 / (sum(row) * n_seq) if m else 0.0 for m in row] for row in mask]
 
 
 def ref_cispo(lp, old, adv, mask, agg, eps_low, eps_high):
@@ -56,20 +31,11 @@ def ref_cispo(lp, old, adv, mask, agg, eps_low, eps_high):
     return loss, grad, ((low + high) / n, low / n, high / n)
 
 
-def to_tensors(lp, old, adv, mask):
-    """float64 tensors; log-probs are NaN at padding, which must not leak."""
-    mask_t = torch.tensor(mask)
-    old_t = torch.tensor(old, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t = torch.tensor(lp, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t.requires_grad_()
-    return lp_t, old_t, torch.tensor(adv, dtype=torch.float64), mask_t
-
-
 @pytest.mark.parametrize('agg', AGGS)
 @pytest.mark.parametrize('seed', range(20))
 @pytest.mark.parametrize('eps', [(1.0, 4.0), (10.0, 0.2), (0.3, 0.5), (1.0, 5.0)])
 def test_matches_reference(seed, agg, eps):
-    lp, old, adv, mask = random_case(seed)
+    lp, old, adv, mask = random_case(1000 + seed, old_shift=(-2.0, 1.0))
     lp_t, old_t, adv_t, mask_t = to_tensors(lp, old, adv, mask)
     loss, metrics = CISPOLoss(eps_low=eps[0], eps_high=eps[1], agg=agg)(
         lp_t, old_t, adv_t, mask_t)

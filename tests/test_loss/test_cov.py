@@ -2,39 +2,14 @@
 
 import itertools
 import math
-import random
 
 import pytest
 import torch
 
+from .cases import random_case, to_tensors
 from gepo_xtuner.loss import ClipCovLoss, KLCovLoss
 
 AGGS = ('token-mean', 'seq-mean-token-mean')
-
-
-def random_case(seed):
-    """Python lists: logprobs, old_logprobs, advantages ((N,) or (N, T)), mask."""
-    rng = random.Random(2000 + seed)
-    n, t = rng.randint(1, 5), rng.randint(1, 7)
-    lp = [[rng.uniform(-3.0, -0.05) for _ in range(t)] for _ in range(n)]
-    old = [[x + rng.uniform(-0.7, 0.7) for x in row] for row in lp]
-    mask = [[rng.random() < 0.75 for _ in range(t)] for _ in range(n)]
-    if n > 1:
-        mask[rng.randrange(n)] = [False] * t
-    if seed % 2:
-        adv = [rng.gauss(0.0, 1.5) for _ in range(n)]
-    else:
-        adv = [[rng.gauss(0.0, 1.5) for _ in range(t)] for _ in range(n)]
-    return lp, old, adv, mask
-
-
-def to_tensors(lp, old, adv, mask):
-    """float64 tensors; log-probs are NaN at padding, which must not leak."""
-    mask_t = torch.tensor(mask)
-    old_t = torch.tensor(old, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t = torch.tensor(lp, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t.requires_grad_()
-    return lp_t, old_t, torch.tensor(adv, dtype=torch.float64), mask_t
 
 
 class Token:
@@ -100,7 +75,7 @@ CLIP_COV_CONFIGS = [
 @pytest.mark.parametrize('ratio', [1e-6, 0.25, 1.0])
 @pytest.mark.parametrize('cfg', CLIP_COV_CONFIGS)
 def test_clip_cov_matches_one_valid_selection(seed, agg, ratio, cfg):
-    lp, old, adv, mask = random_case(seed)
+    lp, old, adv, mask = random_case(2000 + seed, adv_scale=1.5)
     lp_t, old_t, adv_t, mask_t = to_tensors(lp, old, adv, mask)
     fn = ClipCovLoss(clip_cov_ratio=ratio, clip_cov_lb=0.1, clip_cov_ub=1.5, agg=agg,
                      seed=seed, **cfg)
@@ -232,7 +207,7 @@ def ref_kl_cov(lp, old, adv, mask, agg, ratio, coef, importance, eps_high):
                                  (0.5, 2.0, 'cispo'), (1.0, 1.0, 'ratio')])
 def test_kl_cov_matches_reference(seed, agg, cfg):
     ratio, coef, importance = cfg
-    lp, old, adv, mask = random_case(seed)
+    lp, old, adv, mask = random_case(2000 + seed, adv_scale=1.5)
     lp_t, old_t, adv_t, mask_t = to_tensors(lp, old, adv, mask)
     fn = KLCovLoss(kl_cov_ratio=ratio, ppo_kl_coef=coef, importance=importance,
                    eps_high=0.3, agg=agg)

@@ -1,48 +1,14 @@
 """Tests for PPOClipLoss against a per-token plain-Python reference."""
 
 import math
-import random
 
 import pytest
 import torch
 
+from .cases import agg_weights, random_case, to_tensors, token_adv
 from gepo_xtuner.loss import PPOClipLoss
 
 AGGS = ('token-mean', 'seq-mean-token-mean')
-
-
-def random_case(seed):
-    """Python lists: logprobs, old_logprobs, advantages ((N,) or (N, T)), mask."""
-    rng = random.Random(seed)
-    n, t = rng.randint(1, 5), rng.randint(1, 7)
-    lp = [[rng.uniform(-3.0, -0.05) for _ in range(t)] for _ in range(n)]
-    old = [[x + rng.uniform(-0.7, 0.7) for x in row] for row in lp]
-    mask = [[rng.random() < 0.75 for _ in range(t)] for _ in range(n)]
-    if n > 1:
-        mask[rng.randrange(n)] = [False] * t
-    if seed % 2:
-        adv = [rng.gauss(0.0, 1.0) for _ in range(n)]
-    else:
-        adv = [[rng.gauss(0.0, 1.0) for _ in range(t)] for _ in range(n)]
-    return lp, old, adv, mask
-
-
-def token_adv(adv, i, t):
-    return adv[i] if not isinstance(adv[i], list) else adv[i][t]
-
-
-def agg_weights(mask, agg):
-    """d loss / d per-token loss for the two aggregation modes (plain Python)."""
-    n_tok = sum(map(sum, mask))
-    n_seq = sum(1 for row in mask if any(row))
-    out = []
-    for row in mask:
-        count = sum(row)
-        if agg == 'token-mean':
-            out.append([1.0 / n_tok if m else 0.0 for m in row])
-        else:
-            out.append([1.0 / (count * n_seq) if m else 0.0 for m in row])
-    return out
 
 
 def ref_ppo(lp, old, adv, mask, agg, clip_low, clip_high, dual_clip=None):
@@ -72,15 +38,6 @@ def ref_ppo(lp, old, adv, mask, agg, clip_low, clip_high, dual_clip=None):
             grad[i][t] = weights[i][t] * dvalue
     n_valid = sum(map(sum, mask))
     return loss, grad, {k: v / max(n_valid, 1) for k, v in flags.items()}
-
-
-def to_tensors(lp, old, adv, mask):
-    """float64 tensors; log-probs are NaN at padding, which must not leak."""
-    mask_t = torch.tensor(mask)
-    old_t = torch.tensor(old, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t = torch.tensor(lp, dtype=torch.float64).masked_fill(~mask_t, math.nan)
-    lp_t.requires_grad_()
-    return lp_t, old_t, torch.tensor(adv, dtype=torch.float64), mask_t
 
 
 @pytest.mark.parametrize('agg', AGGS)
