@@ -21,25 +21,63 @@ registry           parent (mmengine root)   what it holds
 =================  =======================  ==========================================
 ``ADVANTAGES``     ``TASK_UTILS``           advantage processors (GRPO, GEPO, ...)
 ``POLICY_LOSSES``  ``MODELS``               policy-gradient losses (PPO clip, CISPO, ...)
+``ROLLOUT_BACKENDS`` ``INFERENCERS``        rollout (generation) backends
+``REWARDS``        ``FUNCTIONS``            reward functions, routed per domain
 =================  =======================  ==========================================
+
+The runner-facing parts (the RL train loop, hooks, the policy model, the runner)
+register into mmengine's root ``LOOPS``, ``HOOKS``, ``MODELS`` and ``RUNNERS``, where
+``xtuner train`` looks them up.
 
 From a root registry, the scoped name ``'gepo_xtuner.GEPOAdvantage'`` also resolves.
 """
 
+from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS
+from mmengine.registry import INFERENCERS as MMENGINE_INFERENCERS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import TASK_UTILS as MMENGINE_TASK_UTILS
-from mmengine.registry import Registry
+from mmengine.registry import Registry, build_from_cfg
 
-__all__ = ['ADVANTAGES', 'POLICY_LOSSES']
+
+def _build_in_own_scope(cfg, *args, registry: Registry, **kwargs):
+    """Builds from ``registry`` itself whatever mmengine default scope is active.
+
+    Inside a Runner the default scope is ``'mmengine'``, and mmengine's builder would
+    switch to the root registry, where our names are absent. Pinning ``_scope_`` to
+    the registry's own scope keeps lookups here (and in its parents).
+    """
+    if isinstance(cfg, dict) and '_scope_' not in cfg:
+        cfg = type(cfg)(cfg) if not hasattr(cfg, 'copy') else cfg.copy()
+        cfg['_scope_'] = registry.scope
+    return build_from_cfg(cfg, registry, *args, **kwargs)
+
+
+__all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'ROLLOUT_BACKENDS', 'REWARDS']
 
 ADVANTAGES = Registry(
     'advantage processor',
+    build_func=_build_in_own_scope,
     parent=MMENGINE_TASK_UTILS,
     scope='gepo_xtuner',
     locations=['gepo_xtuner.advantage'])
 
 POLICY_LOSSES = Registry(
     'policy loss',
+    build_func=_build_in_own_scope,
     parent=MMENGINE_MODELS,
     scope='gepo_xtuner',
     locations=['gepo_xtuner.loss'])
+
+ROLLOUT_BACKENDS = Registry(
+    'rollout backend',
+    build_func=_build_in_own_scope,
+    parent=MMENGINE_INFERENCERS,
+    scope='gepo_xtuner',
+    locations=['gepo_xtuner.rollout'])
+
+REWARDS = Registry(
+    'reward function',
+    build_func=_build_in_own_scope,
+    parent=MMENGINE_FUNCTIONS,
+    scope='gepo_xtuner',
+    locations=['gepo_xtuner.reward'])

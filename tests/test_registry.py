@@ -84,3 +84,17 @@ def test_pure_dict_config_with_custom_imports_in_a_fresh_interpreter(tmp_path):
 def test_unknown_type_names_the_registry():
     with pytest.raises(KeyError, match='not in the .*advantage processor'):
         ADVANTAGES.build(dict(type='GEPOAdvantag'))
+
+
+def test_builds_inside_a_runner_default_scope():
+    """A Runner activates the 'mmengine' default scope; our registries must still resolve."""
+    from mmengine.registry import DefaultScope
+
+    from gepo_xtuner.registry import REWARDS, ROLLOUT_BACKENDS
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        DefaultScope.get_instance('test-runner-scope', scope_name='mmengine')
+        assert type(ADVANTAGES.build(dict(type='GEPOAdvantage'))).__name__ == 'GEPOAdvantage'
+        assert type(POLICY_LOSSES.build(dict(type='CISPOLoss'))).__name__ == 'CISPOLoss'
+        assert type(ROLLOUT_BACKENDS.build(dict(type='HFRolloutBackend'))).__name__ == \
+            'HFRolloutBackend'
+        assert type(REWARDS.build(dict(type='ExactMatchReward'))).__name__ == 'ExactMatchReward'

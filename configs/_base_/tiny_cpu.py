@@ -1,0 +1,71 @@
+# The built-in CPU setting: a tiny character-level Qwen2 policy, warm-started on a synthetic
+# four-domain task mix (copy, add, sort, mul), trained online with the RL loop of gepo_xtuner.
+# Needs `python tools/prepare_tiny_cpu.py` first (make demo runs it). Pure-dict config:
+# `custom_imports` registers everything, so `xtuner train` resolves the string types below.
+custom_imports = dict(imports=['gepo_xtuner'], allow_failed_imports=False)
+runner_type = 'RLRunner'
+
+# written by tools/prepare_tiny_cpu.py; the environment variable GEPO_TINY_DIR overrides it
+tiny_dir = '{{$GEPO_TINY_DIR:work_dirs/tiny_cpu}}'
+prompts_per_step = 16  # B, per rank
+num_responses = 8  # K
+
+model = dict(
+    type='RLPolicy',
+    pretrained=tiny_dir + '/model',
+    policy_loss=dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0, agg='token-mean'))
+
+train_dataloader = dict(
+    batch_size=prompts_per_step,
+    num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    collate_fn=dict(type='list_collate'),
+    dataset=dict(type='PromptDataset', path=tiny_dir + '/data/train.jsonl', required=['answer']))
+
+train_cfg = dict(
+    type='RLTrainLoop',
+    max_steps=40,
+    num_responses=num_responses,
+    rollout=dict(type='HFRolloutBackend', batch_size=256),
+    advantage=dict(type='GEPOAdvantage'),  # set by the experiment config
+    rewards=dict(default=dict(type='ExactMatchReward')),
+    sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12),
+    prompt_template='{prompt}=',
+    minibatch_size=32,
+    ppo_epochs=1,
+    val=dict(path=tiny_dir + '/data/val.jsonl', interval=5))
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.99), weight_decay=0.0),
+    clip_grad=dict(max_norm=1.0))
+
+default_hooks = dict(
+    timer=dict(type='IterTimerHook'),
+    logger=dict(type='LoggerHook', interval=1),
+    param_scheduler=dict(type='ParamSchedulerHook'),
+    checkpoint=dict(
+        type='CheckpointHook',
+        interval=10,
+        by_epoch=False,
+        max_keep_ckpts=2,
+        backend_args=dict(backend='atomic_local')))
+custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook')]
+
+log_processor = dict(type='RLLogProcessor', window_size=1)
+visualizer = dict(
+    type='Visualizer',
+    vis_backends=[dict(type='LocalVisBackend'),
+                  dict(type='OptionalTensorboardVisBackend')])
+
+env_cfg = dict(
+    cudnn_benchmark=False,
+    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
+    dist_cfg=dict(backend='gloo'))
+# Data parallel on CPU: DDP without device ids (ignored in single-process runs).
+model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
+randomness = dict(seed=0, deterministic=False)
+launcher = 'none'
+load_from = None
+resume = False
+log_level = 'INFO'

@@ -1,0 +1,4 @@
+# Plain GRPO on the built-in CPU setting: the same run as gepo_tiny_cpu.py without shaping.
+_base_ = ['./_base_/tiny_cpu.py']
+
+train_cfg = dict(advantage=dict(_delete_=True, type='GRPOAdvantage', eps=1e-8))

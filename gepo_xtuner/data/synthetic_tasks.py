@@ -1,0 +1,177 @@
+"""A synthetic multi-domain task mix with exactly verifiable answers.
+
+Four domains of clearly different difficulty for a tiny character-level model:
+
+========  ==================  ========  ==========================================
+domain    prompt              answer    why this difficulty
+========  ==================  ========  ==========================================
+``copy``  ``copy:qkzd``       ``qkzd``  pure copying (3-5 letters): easy
+``add``   ``47+85``           ``132``   carries across two digits: medium
+``sort``  ``sort:50381``      ``01358`` counting digits (4-6 of them): medium
+``mul``   ``7*23``            ``161``   one digit times up to two: hard
+========  ==================  ========  ==========================================
+
+Every record is ``{"id", "domain", "prompt", "answer"}``. The model sees the prompt
+(formatted by :func:`gepo_xtuner.model.tiny.format_prompt`) and must produce the
+answer; :func:`score` is the verifiable reward.
+"""
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from string import ascii_lowercase, digits
+
+DOMAINS: tuple[str, ...] = ('copy', 'add', 'sort', 'mul')
+SPLITS: tuple[str, ...] = ('train', 'val')
+#: Every character a prompt or an answer can contain (the tokenizer covers more).
+TASK_CHARS: str = digits + ascii_lowercase + '+*:'
+#: Longest answer any domain produces (``sort`` of six digits).
+MAX_ANSWER_CHARS: int = 8
+# One prompt in VAL_BUCKETS belongs to val, which leaves every domain at least
+# ~200 distinct val prompts (mul, the smallest space, has 1000 prompts in all).
+VAL_BUCKETS = 5
+
+
+def _copy(rng: random.Random) -> tuple[str, str]:
+    word = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(3, 8)))
+    return f'copy:{word}', word
+
+
+def _add(rng: random.Random) -> tuple[str, str]:
+    a, b = (rng.randint(0, 10**rng.randint(1, 3) - 1) for _ in range(2))
+    return f'{a}+{b}', str(a + b)
+
+
+def _sort(rng: random.Random) -> tuple[str, str]:
+    seq = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(4, 7)))
+    return f'sort:{seq}', ''.join(sorted(seq))
+
+
+def _mul(rng: random.Random) -> tuple[str, str]:
+    # Small factors (0, 1) and one-digit b keep a few easy prompts, so even the
+    # hardest domain gives RL some reward signal early on.
+    a, b = rng.randint(0, 9), rng.randint(0, 99)
+    return f'{a}*{b}', str(a * b)
+
+
+_MAKERS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    'copy': _copy, 'add': _add, 'sort': _sort, 'mul': _mul}
+
+
+def make_record(domain: str, rng: random.Random) -> dict[str, str]:
+    """Draws one problem of ``domain`` (without an ``id``; :func:`generate_split` adds it).
+
+    Args:
+        domain: one of :data:`DOMAINS`.
+        rng: source of randomness; the record is a pure function of its state.
+
+    Returns:
+        ``{"domain", "prompt", "answer"}``.
+    """
+    if domain not in _MAKERS:
+        raise ValueError(f'unknown domain {domain!r}; choose one of {DOMAINS}')
+    prompt, answer = _MAKERS[domain](rng)
+    return {'domain': domain, 'prompt': prompt, 'answer': answer}
+
+
+def split_of(prompt: str) -> str:
+    """The split a prompt belongs to, from a stable hash of its text (not of a seed)."""
+    bucket = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=8).digest(), 'big')
+    return 'val' if bucket % VAL_BUCKETS == 0 else 'train'
+
+
+def generate_split(split: str, n_per_domain: int, seed: int) -> list[dict[str, str]]:
+    """Deterministic records of one split, ``n_per_domain`` of each domain.
+
+    Train and val are disjoint by construction: a prompt's split is a fixed hash of
+    its text (:func:`split_of`, one prompt in five goes to val), and each split only
+    keeps the draws that hash to it. This holds for any pair of seeds, so a val set
+    never leaks into a train set built with another seed. Val prompts are distinct
+    (accuracy is over distinct problems); train prompts are i.i.d. draws and may
+    repeat (``mul`` has only ~800 train prompts).
+
+    Args:
+        split: ``'train'`` or ``'val'``.
+        n_per_domain: records per domain.
+        seed: the records are a pure function of ``(split, n_per_domain, seed)``.
+
+    Returns:
+        Records ``{"id", "domain", "prompt", "answer"}``, domains in :data:`DOMAINS`
+        order; ids look like ``val-add-00007``.
+    """
+    if split not in SPLITS:
+        raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    if n_per_domain < 0:
+        raise ValueError(f'n_per_domain must be >= 0, got {n_per_domain}')
+    records = []
+    for domain in DOMAINS:
+        # A string seed is hashed with SHA-512 by `random`, so it is stable across
+        # processes (unlike hash()) and each (seed, split, domain) stream is separate.
+        rng = random.Random(f'{seed}/{split}/{domain}')
+        seen: set[str] = set()
+        count, attempts = 0, 0
+        while count < n_per_domain:
+            attempts += 1
+            if attempts > 100 * n_per_domain + 10_000:
+                raise ValueError(f'cannot draw {n_per_domain} distinct {split} prompts '
+                                 f'for domain {domain!r}')
+            rec = make_record(domain, rng)
+            if split_of(rec['prompt']) != split or (split == 'val' and rec['prompt'] in seen):
+                continue
+            seen.add(rec['prompt'])
+            records.append({'id': f'{split}-{domain}-{count:05d}', **rec})
+            count += 1
+    return records
+
+
+def write_jsonl(records: Iterable[dict], path: str | os.PathLike) -> Path:
+    """Writes one JSON object per line, atomically (temp file, then ``os.replace``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f'.{path.name}.tmp-{os.getpid()}')
+    try:
+        with open(tmp, 'w', encoding='utf-8') as f:
+            for rec in records:
+                f.write(json.dumps(rec, ensure_ascii=False) + '\n')
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Reads the records written by :func:`write_jsonl` (blank lines are skipped)."""
+    with open(path, encoding='utf-8') as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_task_files(out_dir: str | os.PathLike, n_train_per_domain: int,
+                     n_val_per_domain: int, seed: int) -> dict[str, Path]:
+    """Writes ``train.jsonl`` and ``val.jsonl`` of the task mix into ``out_dir``.
+
+    Returns:
+        ``{"train": path, "val": path}``.
+    """
+    out_dir = Path(out_dir)
+    return {
+        'train': write_jsonl(generate_split('train', n_train_per_domain, seed),
+                             out_dir / 'train.jsonl'),
+        'val': write_jsonl(generate_split('val', n_val_per_domain, seed), out_dir / 'val.jsonl'),
+    }
+
+
+def score(domain: str, completion: str, answer: str) -> float:
+    """Verifiable reward: exact match of the stripped completion with the answer.
+
+    ``domain`` is unused for now; it keeps room for per-domain scoring rules.
+
+    >>> score('add', ' 132\\n', '132')
+    1.0
+    >>> score('add', '131', '132')
+    0.0
+    """
+    del domain
+    return 1.0 if completion.strip() == answer else 0.0

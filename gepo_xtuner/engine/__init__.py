@@ -1,0 +1,12 @@
+"""Runner-facing parts for ``xtuner train``: the RL loop, hooks, runner, atomic file backend."""
+
+from .curves_hook import TrainingCurvesHook
+from .fileio import AtomicLocalBackend
+from .gepo_hook import GEPOThresholdHook
+from .logging import OptionalTensorboardVisBackend, RLLogProcessor
+from .loop import RLTrainLoop
+from .loop_state_hook import RLLoopStateHook
+from .runner import RLRunner
+
+__all__ = ['RLTrainLoop', 'GEPOThresholdHook', 'RLLoopStateHook', 'TrainingCurvesHook',
+           'RLRunner', 'AtomicLocalBackend', 'RLLogProcessor', 'OptionalTensorboardVisBackend']

@@ -1,0 +1,101 @@
+"""The rollout-backend interface: prompts in, sampled token ids and logprobs out.
+
+Backends differ in where generation runs (in the trainer process, or a remote
+LMDeploy server), not in what they return, so the training loop never checks
+which one it has.
+"""
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses.
+
+    Attributes:
+        n: responses per prompt (the group size K).
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass, in (0, 1].
+        top_k: keep the k most likely tokens; 0 disables.
+        max_new_tokens: response length cap.
+        stop_token_ids: generation ends after any of these (it is kept in the
+            response, so the policy learns to stop).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f'sampling n must be >= 1, got {self.n}')
+        if self.temperature < 0:
+            raise ValueError(f'sampling temperature must be >= 0, got {self.temperature}')
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f'sampling top_p must be in (0, 1], got {self.top_p}')
+        if self.top_k < 0 or self.max_new_tokens < 1:
+            raise ValueError('sampling top_k must be >= 0 and max_new_tokens >= 1, got '
+                             f'top_k={self.top_k}, max_new_tokens={self.max_new_tokens}')
+
+
+@dataclass
+class RolloutRequest:
+    """One prompt to sample from.
+
+    Attributes:
+        input_ids: the tokenised prompt (chat template already applied).
+        images: optional images for multimodal backends (paths, URLs or PIL
+            images), in prompt order.
+        extra: backend-specific extras (passed through untouched).
+    """
+
+    input_ids: list[int]
+    images: list[Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutSample:
+    """One sampled response.
+
+    Attributes:
+        response_ids: generated token ids, including the stop token if one ended it.
+        logprobs: per response token, the log-probability under the sampling
+            policy of the raw (temperature-1, unfiltered) distribution, like
+            LMDeploy's ``raw_logprobs`` mode.
+        finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap).
+    """
+
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutBackend(abc.ABC):
+    """Generates K responses per prompt and follows the trainer's weights."""
+
+    def attach(self, model: nn.Module, tokenizer: Any) -> None:
+        """Called once by the loop with the (unwrapped) policy and its tokenizer."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
+                 ) -> list[list[RolloutSample]]:
+        """Samples ``params.n`` responses for each request.
+
+        Returns:
+            ``result[i][j]`` is the j-th response to ``requests[i]``.
+        """
+
+    def update_weights(self, model: nn.Module) -> None:
+        """Makes the backend sample from ``model``'s current weights."""
+
+    def close(self) -> None:
+        """Releases resources (servers, processes)."""

@@ -1,0 +1,56 @@
+"""Test-only plugins imported by the training subprocesses through ``custom_imports``.
+
+They are registered like any user plugin: a reward with signal even for an
+untrained policy, a reward that fails on chosen records, and an observer hook
+that writes each rank's advantage state after every step.
+"""
+
+import json
+import os
+
+import torch.distributed as dist
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+from gepo_xtuner.registry import REWARDS
+
+
+@REWARDS.register_module()
+class ShortAnswerReward:
+    """1.0 for completions of at most ``max_len`` characters: random policies get mixed rewards."""
+
+    def __init__(self, max_len: int = 3) -> None:
+        self.max_len = max_len
+
+    def __call__(self, completion: str, record: dict) -> float:
+        return float(len(completion.strip()) <= self.max_len)
+
+
+@REWARDS.register_module()
+class FlakyReward(ShortAnswerReward):
+    """Raises on records whose id is listed (a verifier bug), scores the rest."""
+
+    def __init__(self, fail_ids: list[str], max_len: int = 3) -> None:
+        super().__init__(max_len)
+        self.fail_ids = set(fail_ids)
+
+    def __call__(self, completion: str, record: dict) -> float:
+        if record['id'] in self.fail_ids:
+            raise RuntimeError(f'verifier crashed on {record["id"]}')
+        return super().__call__(completion, record)
+
+
+@HOOKS.register_module()
+class DumpAdvantageStateHook(Hook):
+    """Appends ``{"step", "rank", "state"}`` per step to ``<work_dir>/state_rank<r>.jsonl``."""
+
+    priority = 'LOWEST'
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        state = runner.train_loop.advantage_state
+        row = dict(step=runner.iter + 1, rank=rank, world=int(os.environ.get('WORLD_SIZE', 1)),
+                   state=state.state_dict() if state is not None else None,
+                   num_prompts=len(data_batch))
+        with open(os.path.join(runner.work_dir, f'state_rank{rank}.jsonl'), 'a') as fh:
+            fh.write(json.dumps(row) + '\n')

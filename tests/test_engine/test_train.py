@@ -1,0 +1,118 @@
+"""Real ``python -m xtuner.tools.train`` runs of the tiny CPU config."""
+
+import json
+import math
+
+import torch
+
+from .conftest import scalars, train, write_config
+
+VOLATILE = ('time', 'data_time', 'eta')  # wall-clock figures differ between runs
+
+
+def comparable(row: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in row.items()
+            if not k.startswith(('time', 'perf/gen_tokens_per_sec')) and k not in VOLATILE}
+
+
+def load_ckpt(path):
+    return torch.load(path, map_location='cpu', weights_only=False)  # our own test file
+
+
+def test_short_run_learns_logs_and_checkpoints(tmp_path, tiny_dir):
+    cfg = write_config(tmp_path)
+    work = tmp_path / 'run'
+    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=4')
+    logged = scalars(work)
+    assert set(range(1, 5)) <= set(logged)
+    step = logged[4]
+    for key in ('reward/mean', 'entropy/group_mean', 'gepo/h_low', 'gepo/h_high', 'loss/pg',
+                'loss/clipfrac', 'loss/approx_kl', 'entropy/policy', 'time/rollout',
+                'time/reward', 'time/update', 'time/sync', 'perf/gen_tokens_per_sec'):
+        assert key in step and math.isfinite(step[key]), key
+    assert any(k.startswith('entropy/group/') for k in step)
+    assert any(k.startswith('reward/mean/') for k in step)
+    assert 'val/acc' in logged[0] and 'val/acc' in logged[4]
+    assert any(0 < logged[s]['reward/mean'] < 1 for s in range(1, 5))  # signal existed
+    # parameters changed
+    before = torch.load(tiny_dir / 'model' / 'pytorch_model.bin', weights_only=True) \
+        if (tiny_dir / 'model' / 'pytorch_model.bin').exists() else None
+    if before is None:
+        from safetensors.torch import load_file
+        before = load_file(tiny_dir / 'model' / 'model.safetensors')
+    after = load_ckpt(work / 'iter_4.pth')['state_dict']
+    changed = [k for k, v in before.items() if not torch.equal(v, after['llm.' + k])]
+    assert changed, 'no parameter moved'
+    # the threshold hook's state is in the checkpoint and is what step 5 would use
+    state = load_ckpt(work / 'iter_4.pth')['gepo_xtuner/advantage_state']
+    assert state['processor'] == 'GEPOAdvantage' and state['state']['num_updates'] == 4
+    ckpt2 = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/advantage_state']['state']
+    assert ckpt2['h_low'] == logged[3]['gepo/h_low']  # step 3 shaped with the saved band
+    assert (work / 'training_curves.png').read_bytes()[:4] == b'\x89PNG'
+    assert 'training_curves.png' in proc.stdout + proc.stderr
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
+    cfg = write_config(tmp_path)
+    full, resumed = tmp_path / 'full', tmp_path / 'resumed'
+    train(cfg, full, tiny_dir, 'train_cfg.max_steps=4')
+    train(cfg, resumed, tiny_dir, 'train_cfg.max_steps=4', '--resume', str(full / 'iter_2.pth'))
+    a, b = scalars(full), scalars(resumed)
+    assert 1 not in b and 2 not in b, 'the resumed run re-ran finished steps'
+    for step in (3, 4):
+        assert comparable(a[step]) == comparable(b[step]), step
+    torch.testing.assert_close(load_ckpt(full / 'iter_4.pth')['state_dict'],
+                               load_ckpt(resumed / 'iter_4.pth')['state_dict'], rtol=0, atol=0)
+
+
+def test_resume_without_threshold_state_warns_and_continues(tmp_path, tiny_dir):
+    cfg = write_config(tmp_path)
+    first = tmp_path / 'first'
+    train(cfg, first, tiny_dir, 'train_cfg.max_steps=2')
+    ckpt = load_ckpt(first / 'iter_2.pth')
+    del ckpt['gepo_xtuner/advantage_state']
+    old = tmp_path / 'old_format.pth'
+    torch.save(ckpt, old)
+    proc = train(cfg, tmp_path / 'second', tiny_dir, 'train_cfg.max_steps=3', '--resume',
+                 str(old))
+    assert "no 'gepo_xtuner/advantage_state' entry" in proc.stdout + proc.stderr
+    assert 3 in scalars(tmp_path / 'second')
+
+
+def test_failing_reward_scores_zero_warns_and_training_goes_on(tmp_path, tiny_dir):
+    records = [json.loads(x) for x in (tiny_dir / 'data' / 'train.jsonl').read_text().splitlines()]
+    fail = [r['id'] for r in records[::3]]
+    cfg = write_config(tmp_path, extra=f"""
+        train_cfg = dict(rewards=dict(default=dict(_delete_=True, type='FlakyReward',
+                                                   fail_ids={fail!r})))
+    """)
+    proc = train(cfg, tmp_path / 'run', tiny_dir, 'train_cfg.max_steps=2',
+                 'train_cfg.rewards.default.type=FlakyReward')
+    out = proc.stdout + proc.stderr
+    assert 'verifier crashed on' in out and 'scoring 0' in out
+    logged = scalars(tmp_path / 'run')
+    errors = sum(v for s in (1, 2) for k, v in logged[s].items() if k.startswith('reward/errors/'))
+    assert errors > 0
+    assert 2 in logged
+
+
+def test_malformed_dataset_line_fails_before_training(tmp_path, tiny_dir):
+    bad = tmp_path / 'tiny'
+    (bad / 'data').mkdir(parents=True)
+    (bad / 'model').symlink_to(tiny_dir / 'model')
+    lines = (tiny_dir / 'data' / 'train.jsonl').read_text().splitlines()
+    lines[2] = '{"prompt": "1+1", "domain": "add", "answer": '  # truncated line 3
+    (bad / 'data' / 'train.jsonl').write_text('\n'.join(lines) + '\n')
+    (bad / 'data' / 'val.jsonl').write_text((tiny_dir / 'data' / 'val.jsonl').read_text())
+    proc = train(write_config(tmp_path), tmp_path / 'run', bad, 'train_cfg.max_steps=2',
+                 check=False)
+    assert proc.returncode != 0
+    assert f'{bad / "data" / "train.jsonl"}:3: not valid JSON' in proc.stderr
+    assert 'Iter(train)' not in proc.stdout + proc.stderr
+
+
+def test_config_error_exits_non_zero(tmp_path, tiny_dir):
+    proc = train(write_config(tmp_path), tmp_path / 'run', tiny_dir,
+                 'train_cfg.advantage.alpha_low=5', check=False)
+    assert proc.returncode != 0
+    assert 'alpha_low must be in [0.0, 1.0], got 5' in proc.stderr
