@@ -21,6 +21,9 @@ setup(
         'mmengine>=0.10.6',
         'numpy>=1.24',
         'matplotlib>=3.7',
+        'transformers>=4.48',
+        # `xtuner train` is the entry point; 0.2.0 pins transformers 4.48 and mmengine 0.10.6
+        'xtuner>=0.2.0',
     ],
     extras_require={
         'dev': ['pytest>=8', 'scipy>=1.10'],

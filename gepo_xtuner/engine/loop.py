@@ -59,8 +59,9 @@ class RLTrainLoop(BaseLoop):
         ppo_epochs: passes over each rollout batch.
         logprob_batch_size: responses per no-grad forward for old logprobs.
         val: optional ``dict(path=..., interval=..., max_new_tokens=...)``: greedy
-            validation on a held-out JSONL file every ``interval`` steps (and
-            before the first step), logged as ``val/<domain>/acc``.
+            validation on a held-out JSONL file before the first step, every
+            ``interval`` steps and after the last, logged as ``val/<domain>/acc``
+            with the step's metrics (so checkpoints carry it too).
     """
 
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
@@ -134,15 +135,15 @@ class RLTrainLoop(BaseLoop):
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
         RLLoopStateHook.restore_rng(self)
-        if self.validator is not None and self._iter == 0:
-            self._validate()
+        if self.validator is not None and self._iter == 0:  # the starting point
+            metrics = self.validator.run(self)
+            self.runner.visualizer.add_scalars(metrics, step=0)
+            self.history.append(dict(step=0.0, **metrics))
+            self._log_validation(0, metrics)
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
         while self._iter < self._max_iters:
             self.run_iter(next(self.dataloader_iterator))
-            if self.validator is not None and (self._iter % self.validator.interval == 0
-                                               or self._iter == self._max_iters):
-                self._validate()
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
         return self.runner.model
@@ -189,12 +190,21 @@ class RLTrainLoop(BaseLoop):
         self.rollout.update_weights(self.policy.llm)
         times['sync'] = time.perf_counter() - t
 
+        step = self._iter + 1
+        if self.validator is not None and (step % self.validator.interval == 0
+                                           or step == self._max_iters):
+            t = time.perf_counter()
+            val = self.validator.run(self)
+            times['validation'] = time.perf_counter() - t
+            metrics.update(val)
+            self._log_validation(step, val)
+
         new_tokens = int(batch.response_mask.sum())
         metrics['perf/gen_tokens'] = float(new_tokens)
         metrics['perf/gen_tokens_per_sec'] = new_tokens / max(times['rollout'], 1e-9)
         metrics.update({f'time/{k}': v for k, v in times.items()})
-        metrics['time/step'] = sum(times.values())
-        self.history.append(dict(step=float(self._iter + 1), **metrics))
+        metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
+        self.history.append(dict(step=float(step), **metrics))
         self.runner.call_hook('after_train_iter', batch_idx=self._iter, data_batch=records,
                               outputs=metrics)
         self._iter += 1
@@ -257,12 +267,6 @@ class RLTrainLoop(BaseLoop):
         return {(k if k.startswith(('loss', 'ratio')) else f'loss/{k}'): v / steps
                 for k, v in sums.items()}
 
-    def _validate(self) -> None:
-        metrics = self.validator.run(self)
-        self.runner.visualizer.add_scalars(metrics, step=self._iter)
-        if self.history and self.history[-1]['step'] == self._iter:
-            self.history[-1].update(metrics)
-        else:
-            self.history.append(dict(step=float(self._iter), **metrics))
+    def _log_validation(self, step: int, metrics: dict[str, float]) -> None:
         shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
-        self.runner.logger.info(f'Validation at step {self._iter}: {shown}')
+        self.runner.logger.info(f'Validation at step {step}: {shown}')
