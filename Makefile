@@ -41,3 +41,20 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Our RL loop vs TRL's GRPOTrainer (benchmarks/vs_trl.py). TRL and the transformers it needs are
+# installed into $(TRL_DEPS), put first on PYTHONPATH for this run only: the venv keeps its
+# transformers 4.48 (xtuner pins it). The venv is set up only if it is missing, never
+# reinstalled by this target. Extra script options: make bench-trl BENCH_TRL_ARGS='--steps 8'
+TRL_DEPS ?= work_dirs/bench_trl_deps
+BENCH_TRL_ARGS ?=
+.PHONY: bench-trl
+
+$(TRL_DEPS)/.installed: benchmarks/requirements-trl.txt
+	test -x $(PY) || $(MAKE) $(STAMP)
+	rm -rf $(TRL_DEPS)
+	$(PY) -m pip install --no-deps --target $(TRL_DEPS) -r benchmarks/requirements-trl.txt
+	touch $@
+
+bench-trl: $(TRL_DEPS)/.installed
+	PYTHONPATH=$(abspath $(TRL_DEPS))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/vs_trl.py $(BENCH_TRL_ARGS)

@@ -1,15 +1,16 @@
 """A synthetic multi-domain task mix with exactly verifiable answers.
 
-Four domains of clearly different difficulty for a tiny character-level model:
+Four domains whose difficulty and sampling entropy differ clearly for the tiny
+character-level model after its default warm start (``gepo_xtuner.model.tiny``):
 
-========  ==================  ========  ==========================================
-domain    prompt              answer    why this difficulty
-========  ==================  ========  ==========================================
-``copy``  ``copy:qkzd``       ``qkzd``  pure copying (3-5 letters): easy
-``add``   ``47+85``           ``132``   carries across two digits: medium
-``sort``  ``sort:50381``      ``01358`` counting digits (4-6 of them): medium
-``mul``   ``7*23``            ``161``   one digit times up to two: hard
-========  ==================  ========  ==========================================
+========  =====================  ===================  ================================
+domain    prompt                 answer               difficulty
+========  =====================  ===================  ================================
+``copy``  ``copy:qkzdwe``        ``qkzdwe``           6-16 letters: easy, low entropy
+``add``   ``47+8``               ``55``               0-99 plus 0-9: medium, carries
+``sort``  ``sort:qkzdwe``        ``dekqwz``           6-10 letters: medium, counting
+``mul``   ``7*23``               ``161``              0-9 times 0-99: hard, high entropy
+========  =====================  ===================  ================================
 
 Every record is ``{"id", "domain", "prompt", "answer"}``. The model sees the prompt
 (formatted by :func:`gepo_xtuner.model.tiny.format_prompt`) and must produce the
@@ -28,25 +29,25 @@ DOMAINS: tuple[str, ...] = ('copy', 'add', 'sort', 'mul')
 SPLITS: tuple[str, ...] = ('train', 'val')
 #: Every character a prompt or an answer can contain (the tokenizer covers more).
 TASK_CHARS: str = digits + ascii_lowercase + '+*:'
-#: Longest answer any domain produces (``sort`` of six digits).
-MAX_ANSWER_CHARS: int = 8
+#: Longest answer any domain produces (``copy`` of 16 letters).
+MAX_ANSWER_CHARS: int = 16
 # One prompt in VAL_BUCKETS belongs to val, which leaves every domain at least
-# ~200 distinct val prompts (mul, the smallest space, has 1000 prompts in all).
+# 205 distinct val prompts (add and mul, the smallest spaces, have 1000 each).
 VAL_BUCKETS = 5
 
 
 def _copy(rng: random.Random) -> tuple[str, str]:
-    word = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(3, 8)))
+    word = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(6, 16)))
     return f'copy:{word}', word
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
-    a, b = (rng.randint(0, 10**rng.randint(1, 3) - 1) for _ in range(2))
+    a, b = rng.randint(0, 99), rng.randint(0, 9)
     return f'{a}+{b}', str(a + b)
 
 
 def _sort(rng: random.Random) -> tuple[str, str]:
-    seq = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(4, 7)))
+    seq = ''.join(rng.choice(ascii_lowercase) for _ in range(rng.randint(6, 10)))
     return f'sort:{seq}', ''.join(sorted(seq))
 
 
@@ -91,7 +92,7 @@ def generate_split(split: str, n_per_domain: int, seed: int) -> list[dict[str, s
     keeps the draws that hash to it. This holds for any pair of seeds, so a val set
     never leaks into a train set built with another seed. Val prompts are distinct
     (accuracy is over distinct problems); train prompts are i.i.d. draws and may
-    repeat (``mul`` has only ~800 train prompts).
+    repeat (``add`` and ``mul`` have only ~800 train prompts each).
 
     Args:
         split: ``'train'`` or ``'val'``.
