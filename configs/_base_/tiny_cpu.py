@@ -7,7 +7,7 @@ runner_type = 'RLRunner'
 
 # written by tools/prepare_tiny_cpu.py; the environment variable GEPO_TINY_DIR overrides it
 tiny_dir = '{{$GEPO_TINY_DIR:work_dirs/tiny_cpu}}'
-prompts_per_step = 16  # B, per rank
+prompts_per_step = 64  # B, per rank
 num_responses = 8  # K
 
 model = dict(
@@ -24,20 +24,20 @@ train_dataloader = dict(
 
 train_cfg = dict(
     type='RLTrainLoop',
-    max_steps=40,
+    max_steps=150,
     num_responses=num_responses,
     rollout=dict(type='HFRolloutBackend', batch_size=256),
     advantage=dict(type='GEPOAdvantage'),  # set by the experiment config
     rewards=dict(default=dict(type='ExactMatchReward')),
-    sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=12),
+    sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=20),  # answers <= 16 chars
     prompt_template='{prompt}=',
-    minibatch_size=32,
+    minibatch_size=128,  # 4 optimizer steps per rollout batch of 64 x 8
     ppo_epochs=1,
-    val=dict(path=tiny_dir + '/data/val.jsonl', interval=5))
+    val=dict(path=tiny_dir + '/data/val.jsonl', interval=25))
 
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=2e-4, betas=(0.9, 0.99), weight_decay=0.0),
+    optimizer=dict(type='AdamW', lr=3e-5, betas=(0.9, 0.99), weight_decay=0.0),
     clip_grad=dict(max_norm=1.0))
 
 default_hooks = dict(
@@ -46,7 +46,7 @@ default_hooks = dict(
     param_scheduler=dict(type='ParamSchedulerHook'),
     checkpoint=dict(
         type='CheckpointHook',
-        interval=10,
+        interval=50,
         by_epoch=False,
         max_keep_ckpts=2,
         backend_args=dict(backend='atomic_local')))

@@ -1,4 +1,4 @@
-"""Policies: the mmengine RL policy, and the tiny character-level CPU model with its warm start."""
+"""Policies: the mmengine RL policy and the tiny character-level CPU model with its warm start."""
 
 from .policy import RLPolicy
 from .tiny import (ALPHABET, SPECIAL_TOKENS, answer_loss, build_char_tokenizer, build_sft_batch,

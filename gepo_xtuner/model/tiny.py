@@ -212,9 +212,9 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
     Deterministic: the same arguments give bitwise identical weights on one machine
     (training runs on one thread, whatever the global torch setting).
     Cached: if ``model/warm_start.json`` holds the same parameters (and digest of the
-    generated data) and ``force`` is false, nothing is retrained. Atomic: the model is written to a temporary directory
-    that replaces ``model/`` only once complete, so a failed or interrupted run leaves
-    either the previous model or no ``model/`` at all.
+    generated data) and ``force`` is false, nothing is retrained. Atomic: the model is
+    written to a temporary directory that replaces ``model/`` only once complete, so a
+    failed or interrupted run leaves either the previous model or no ``model/`` at all.
 
     Args:
         out_dir: output root.
