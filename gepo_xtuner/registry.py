@@ -54,30 +54,14 @@ def _build_in_own_scope(cfg, *args, registry: Registry, **kwargs):
 
 __all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'ROLLOUT_BACKENDS', 'REWARDS']
 
-ADVANTAGES = Registry(
-    'advantage processor',
-    build_func=_build_in_own_scope,
-    parent=MMENGINE_TASK_UTILS,
-    scope='gepo_xtuner',
-    locations=['gepo_xtuner.advantage'])
 
-POLICY_LOSSES = Registry(
-    'policy loss',
-    build_func=_build_in_own_scope,
-    parent=MMENGINE_MODELS,
-    scope='gepo_xtuner',
-    locations=['gepo_xtuner.loss'])
+def _child(name: str, parent: Registry, location: str) -> Registry:
+    """A child of an mmengine root registry in the ``gepo_xtuner`` scope."""
+    return Registry(name, build_func=_build_in_own_scope, parent=parent, scope='gepo_xtuner',
+                    locations=[location])
 
-ROLLOUT_BACKENDS = Registry(
-    'rollout backend',
-    build_func=_build_in_own_scope,
-    parent=MMENGINE_INFERENCERS,
-    scope='gepo_xtuner',
-    locations=['gepo_xtuner.rollout'])
 
-REWARDS = Registry(
-    'reward function',
-    build_func=_build_in_own_scope,
-    parent=MMENGINE_FUNCTIONS,
-    scope='gepo_xtuner',
-    locations=['gepo_xtuner.reward'])
+ADVANTAGES = _child('advantage processor', MMENGINE_TASK_UTILS, 'gepo_xtuner.advantage')
+POLICY_LOSSES = _child('policy loss', MMENGINE_MODELS, 'gepo_xtuner.loss')
+ROLLOUT_BACKENDS = _child('rollout backend', MMENGINE_INFERENCERS, 'gepo_xtuner.rollout')
+REWARDS = _child('reward function', MMENGINE_FUNCTIONS, 'gepo_xtuner.reward')

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 __all__ = ['AGG_MODES', 'LOG_RATIO_CLAMP', 'PolicyInputs', 'aggregate', 'check_agg',
-           'check_number', 'masked_mean', 'prepare_inputs', 'ratio_metrics']
+           'check_number', 'flag_fractions', 'masked_mean', 'prepare_inputs', 'ratio_metrics']
 
 AGG_MODES = ('token-mean', 'seq-mean-token-mean')
 """Valid values of the ``agg`` / ``mode`` argument."""
@@ -196,3 +196,10 @@ def ratio_metrics(inp: PolicyInputs, loss: Tensor) -> dict[str, Tensor]:
             'ratio/min': torch.where(any_valid, r_min, zero),
             'loss/approx_kl': masked_mean(k3, valid),
         }
+
+
+def flag_fractions(inp: PolicyInputs, **flags: Tensor) -> dict[str, Tensor]:
+    """``{'loss/<name>': share of valid tokens where flag is set}`` (detached 0-dim tensors)."""
+    dtype = inp.ratio.dtype
+    return {f'loss/{name}': masked_mean(flag.to(dtype), inp.mask).detach()
+            for name, flag in flags.items()}

@@ -2,7 +2,7 @@
 
 from torch import Tensor
 
-from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, masked_mean,
+from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, flag_fractions,
                                         prepare_inputs, ratio_metrics)
 from gepo_xtuner.registry import POLICY_LOSSES
 
@@ -98,8 +98,6 @@ class CISPOLoss:
                                                self.eps_low, self.eps_high)
         loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
         metrics = ratio_metrics(inp, loss)
-        dtype = inp.ratio.dtype
-        for name, flag in (('clipfrac', low | high), ('clipfrac_low', low),
-                           ('clipfrac_high', high)):
-            metrics[f'loss/{name}'] = masked_mean(flag.to(dtype), inp.mask)
+        metrics.update(flag_fractions(inp, clipfrac=low | high, clipfrac_low=low,
+                                      clipfrac_high=high))
         return loss, metrics

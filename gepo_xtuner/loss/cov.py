@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from gepo_xtuner.loss.aggregate import (PolicyInputs, aggregate, check_agg, check_number,
+                                        flag_fractions,
                                         masked_mean, prepare_inputs, ratio_metrics)
 from gepo_xtuner.loss.cispo import cispo_per_token
 from gepo_xtuner.loss.ppo import ppo_clip_per_token
@@ -68,9 +69,10 @@ class _CovLossBase:
     def _metrics(inp: PolicyInputs, loss: Tensor, flags: tuple[Tensor, ...],
                  selected: Tensor) -> dict[str, Tensor]:
         metrics = ratio_metrics(inp, loss)
+        clipped, low, high = flags
+        metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
+                                      clipfrac_high=high))
         dtype = inp.ratio.dtype
-        for name, flag in zip(('clipfrac', 'clipfrac_low', 'clipfrac_high'), flags):
-            metrics[f'loss/{name}'] = masked_mean(flag.to(dtype), inp.mask)
         n_sel = selected.sum().to(dtype)
         metrics['loss/cov_tokens'] = n_sel
         metrics['loss/cov_frac'] = n_sel / inp.mask.sum().to(dtype).clamp(min=1)

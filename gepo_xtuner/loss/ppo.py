@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, masked_mean,
+from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, flag_fractions,
                                         prepare_inputs, ratio_metrics)
 from gepo_xtuner.registry import POLICY_LOSSES
 
@@ -108,8 +108,6 @@ class PPOClipLoss:
             dual = torch.zeros_like(inp.mask)
         loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
         metrics = ratio_metrics(inp, loss)
-        dtype = inp.ratio.dtype
-        for name, flag in (('clipfrac', clipped), ('clipfrac_low', low),
-                           ('clipfrac_high', high), ('dual_clipfrac', dual)):
-            metrics[f'loss/{name}'] = masked_mean(flag.to(dtype), inp.mask)
+        metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
+                                      clipfrac_high=high, dual_clipfrac=dual))
         return loss, metrics
