@@ -14,6 +14,9 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[dev]'
+	# LMDeploy's pydantic protocol models validate the rollout tests' HTTP traffic. Without
+	# --no-deps it would replace torch/transformers (it pins torch<=2.12.1, transformers>=4.56).
+	$(PY) -m pip install --no-deps lmdeploy==0.18.0
 	touch $@
 
 # The main job: warm-start the tiny CPU policy (cached), then online RL with GEPO through

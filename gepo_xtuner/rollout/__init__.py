@@ -2,6 +2,7 @@
 
 from .base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
 from .hf import HFRolloutBackend
+from .lmdeploy import LMDeployRolloutBackend, LMDeployServerError
 
-__all__ = ['RolloutBackend', 'RolloutRequest', 'RolloutSample', 'SamplingParams',
-           'HFRolloutBackend']
+__all__ = ['HFRolloutBackend', 'LMDeployRolloutBackend', 'LMDeployServerError', 'RolloutBackend',
+           'RolloutRequest', 'RolloutSample', 'SamplingParams']

@@ -1,0 +1,13 @@
+# Intern-S1-mini: AEPO baseline (section 3.1; QwenLong-L1.5). Its entropy thresholds were never
+# published: the project defaults in configs/_base_/algorithms/aepo.py need tuning to
+# the model's entropy scale (read entropy/policy from a GRPO run).
+#
+#   GEPO_MODEL_PATH=/path/to/Intern-S1-mini GEPO_DATA_DIR=/path/to/data \
+#   xtuner train configs/aepo_intern_s1_mini.py --deepspeed deepspeed_zero2
+#
+# Data layout, multi-GPU and Slurm launches: docs/cluster.md.
+_base_ = ['./_base_/paper_rl.py', './_base_/models/intern_s1_mini.py',
+           './_base_/algorithms/aepo.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(advantage={{_base_.advantage}})

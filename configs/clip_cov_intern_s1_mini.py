@@ -1,0 +1,12 @@
+# Intern-S1-mini: Clip-Cov baseline with the authors' Qwen2.5-7B parameters, as the paper used
+# them (section 3.1; configs/_base_/algorithms/clip_cov.py).
+#
+#   GEPO_MODEL_PATH=/path/to/Intern-S1-mini GEPO_DATA_DIR=/path/to/data \
+#   xtuner train configs/clip_cov_intern_s1_mini.py --deepspeed deepspeed_zero2
+#
+# Data layout, multi-GPU and Slurm launches: docs/cluster.md.
+_base_ = ['./_base_/paper_rl.py', './_base_/models/intern_s1_mini.py',
+           './_base_/algorithms/clip_cov.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(advantage={{_base_.advantage}})

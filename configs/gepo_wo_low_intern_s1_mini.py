@@ -1,0 +1,20 @@
+# Intern-S1-mini: GEPO ablation "w/o low entropy control" (section 3.2 "Ablation Study",
+# Table 2): alpha_low = 1 leaves positive advantages of low-entropy groups unscaled;
+# everything else as in GEPO.
+#
+#   GEPO_MODEL_PATH=/path/to/Intern-S1-mini GEPO_DATA_DIR=/path/to/data \
+#   xtuner train configs/gepo_wo_low_intern_s1_mini.py --deepspeed deepspeed_zero2
+#
+# Data layout, multi-GPU and Slurm launches: docs/cluster.md.
+_base_ = ['./_base_/paper_rl.py', './_base_/models/intern_s1_mini.py',
+           './_base_/algorithms/gepo.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(
+    advantage=dict(
+        type='GEPOAdvantage',
+        alpha_low=1.0,
+        alpha_high=0.2,
+        beta_low=0.2,
+        beta_high=0.3,
+        gamma=0.01))

@@ -1,0 +1,20 @@
+# Qwen3.5-9B: GEPO ablation "w/o low entropy control" (section 3.2 "Ablation Study",
+# Table 2): alpha_low = 1 leaves positive advantages of low-entropy groups unscaled;
+# everything else as in GEPO.
+#
+#   GEPO_MODEL_PATH=/path/to/Qwen3.5-9B GEPO_DATA_DIR=/path/to/data \
+#   xtuner train configs/gepo_wo_low_qwen3_5_9b.py --deepspeed deepspeed_zero2
+#
+# Data layout, multi-GPU and Slurm launches: docs/cluster.md.
+_base_ = ['./_base_/paper_rl.py', './_base_/models/qwen3_5_9b.py',
+           './_base_/algorithms/gepo.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(
+    advantage=dict(
+        type='GEPOAdvantage',
+        alpha_low=1.0,
+        alpha_high=0.2,
+        beta_low=0.2,
+        beta_high=0.3,
+        gamma=0.01))

@@ -1,0 +1,12 @@
+# Qwen3.5-9B: GRPO baseline (section 3.1), with CISPO importance-weight clipping as the paper
+# applies to every baseline (configs/_base_/algorithms/grpo.py).
+#
+#   GEPO_MODEL_PATH=/path/to/Qwen3.5-9B GEPO_DATA_DIR=/path/to/data \
+#   xtuner train configs/grpo_qwen3_5_9b.py --deepspeed deepspeed_zero2
+#
+# Data layout, multi-GPU and Slurm launches: docs/cluster.md.
+_base_ = ['./_base_/paper_rl.py', './_base_/models/qwen3_5_9b.py',
+           './_base_/algorithms/grpo.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(advantage={{_base_.advantage}})

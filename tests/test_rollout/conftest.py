@@ -1,0 +1,46 @@
+"""A tiny saved policy and LMDeploy protocol doubles serving it (in a thread)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope='package')
+def one_thread():
+    """Tiny models on one thread: two busy-waiting OpenMP threads on a loaded 2-core
+    machine make small ops many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='package')
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
+    out = tmp_path_factory.mktemp('tiny_policy')
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def double(tiny_model_dir):
+    """A protocol double (not LMDeploy) on a free local port, serving from a thread."""
+    from .protocol_double import LMDeployProtocolDouble
+    d = LMDeployProtocolDouble(str(tiny_model_dir)).start()
+    yield d
+    d.stop()
+
+
+def load_policy(model_dir: Path):
+    """The policy as the trainer holds it: float32 model and tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)

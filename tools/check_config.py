@@ -1,0 +1,498 @@
+#!/usr/bin/env python
+"""Check RL configs before a cluster run: load, build what needs no weights or data, report.
+
+Usage::
+
+    python tools/check_config.py CONFIG [CONFIG ...] [--world-size N] [--no-path-check]
+        [--cfg-options key=value ...] [--json]
+
+For each config: lists its config variables (the ``{{$VAR:default}}`` environment
+variables of the file and its bases, with their values and where they came from),
+loads it with mmengine (after importing ``gepo_xtuner``), builds the advantage
+processor, policy loss, rewards, rollout backend (its constructor starts nothing),
+sampling parameters, hooks and log processor, checks the remaining types and
+arguments against their registries and signatures without building them (no model
+weights, no dataset reads), checks that model and data paths exist, and prints what
+would run: paths, algorithm and hyperparameters, K, prompts and responses per rank and
+in total, optimizer steps per RL step, loss, rollout backend, world size.
+
+``--world-size N`` sets ``WORLD_SIZE`` for loading, as torchrun does for each training
+process (the paper configs split their global batch by it).
+
+Exit status: 0 if every config passed, 1 if any did not (each problem is printed as
+``CONFIG: problem``), 2 for a usage error.
+"""
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HUB_ID = re.compile(r'[\w.-]+(/[\w.-]+)?')  # 'org/name' or 'name'; anything else is a path
+ENV_PATTERN = re.compile(r'\{\{[\'"]?\s*\$(\w+)\s*:\s*(\S*?)\s*[\'"]?\}\}')  # mmengine's syntax
+LAUNCH_NOTE = ('half-precision weights: launch with `--deepspeed deepspeed_zero2` (mmengine\'s '
+               'FlexibleRunner + DeepSpeed ZeRO-2, fp32 master weights, replace runner and '
+               'optimizer wrapper)')
+
+
+@dataclass
+class ConfigVar:
+    """One ``{{$NAME:default}}`` of a config file or one of its bases."""
+
+    name: str
+    default: str
+    file: str
+    line: int
+    description: str
+
+    @property
+    def value(self) -> str | None:
+        return os.environ.get(self.name, self.default or None)
+
+    @property
+    def source(self) -> str:
+        if self.name in os.environ:
+            return 'environment'
+        return 'default' if self.default else 'UNSET'
+
+
+def base_files(path: Path) -> list[Path]:
+    """The ``_base_`` files of a config, relative to its directory (not recursive)."""
+    tree = ast.parse(path.read_text(encoding='utf-8'), filename=str(path))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == '_base_'):
+            value = ast.literal_eval(node.value)
+            names = [value] if isinstance(value, str) else list(value)
+            return [(path.parent / name).resolve() for name in names]
+    return []
+
+
+def config_variables(path: Path, seen: set[Path] | None = None) -> list[ConfigVar]:
+    """Environment variables a config reads, bases first, each name once."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return []
+    seen.add(path)
+    found: list[ConfigVar] = []
+    for base in base_files(path):
+        found += config_variables(base, seen)
+    for lineno, text in enumerate(path.read_text(encoding='utf-8').splitlines(), start=1):
+        for match in ENV_PATTERN.finditer(text):
+            rest = text[match.end():]
+            comment = rest.split('#', 1)[1].strip() if '#' in rest else ''
+            found.append(ConfigVar(match.group(1), match.group(2), str(path), lineno, comment))
+    unique: dict[str, ConfigVar] = {}
+    for var in found:
+        unique.setdefault(var.name, var)
+    return list(unique.values())
+
+
+def describe(cfg: dict, cls: type | None = None) -> str:
+    """``Type a=1 b=2`` with the class's defaults filled in for arguments not given."""
+    args = {k: v for k, v in cfg.items() if k != 'type'}
+    if cls is not None:
+        for name, param in inspect.signature(cls).parameters.items():
+            if param.default is not inspect.Parameter.empty and name not in args:
+                args[name] = param.default
+    shown = ' '.join(f'{k}={v!r}' for k, v in args.items())
+    return f'{cfg.get("type")} {shown}'.strip()
+
+
+class Checker:
+    """Runs the checks of one loaded config and collects rows, problems and warnings."""
+
+    def __init__(self, cfg, variables: list[ConfigVar], world_size: tuple[int, str],
+                 check_paths: bool) -> None:
+        self.cfg = cfg
+        self.variables = variables
+        self.world_size, self.world_source = world_size
+        self.check_paths = check_paths
+        self.rows: dict[str, str] = {}
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+
+    # ---- helpers ----
+    def problem(self, where: str, exc: BaseException | str) -> None:
+        text = exc if isinstance(exc, str) else f'{type(exc).__name__}: {exc}'
+        self.problems.append(f'{where}: {text}')
+
+    def resolve(self, registry, cfg: dict | None, where: str) -> type | None:
+        """The class a ``dict(type=...)`` names, or None (recorded as a problem)."""
+        if not isinstance(cfg, dict) or 'type' not in cfg:
+            self.problem(where, f'expected a dict with a `type`, got {cfg!r}')
+            return None
+        cls = registry.get(cfg['type']) if isinstance(cfg['type'], str) else cfg['type']
+        if cls is None:
+            self.problem(where, f"unresolved type {cfg['type']!r}: nothing of that name is "
+                         f'registered in the {registry.name} registry by this installation '
+                         '(is gepo_xtuner up to date?)')
+        return cls
+
+    def bind(self, cls: type, cfg: dict, where: str, *leading: Any) -> None:
+        """Checks the arguments against the constructor without calling it."""
+        args = {k: v for k, v in cfg.items() if k != 'type'}
+        try:
+            inspect.signature(cls).bind(*leading, **args)
+        except TypeError as exc:
+            self.problem(where, f'{cls.__name__}: {exc}')
+
+    def build(self, registry, cfg: dict | None, where: str) -> Any:
+        cls = self.resolve(registry, cfg, where)
+        if cls is None:
+            return None
+        try:
+            return registry.build(cfg)
+        except Exception as exc:  # noqa: BLE001 (report every build error, then go on checking)
+            self.problem(where, exc)
+            return None
+
+    def var_for(self, value: str) -> str:
+        for var in self.variables:
+            if var.value and len(var.value) > 1 and value.startswith(var.value):
+                return var.name
+        return ''
+
+    def path(self, value: Any, where: str, kind: str) -> str:
+        """Describes a model directory or data file; records a problem if it is missing."""
+        if not isinstance(value, str) or not value:
+            self.problem(where, f'expected a path, got {value!r}')
+            return repr(value)
+        var = self.var_for(value)
+        hint = f' (from {var}: set {var} to the right location)' if var else ''
+        path = Path(value)
+        if (kind == 'model' and HUB_ID.fullmatch(value) and not value.startswith('.')
+                and not path.exists()):
+            return f'{value} [hub id: downloaded at build time, not checked]'
+        if not self.check_paths:
+            return f'{value} [not checked]'
+        if kind == 'file' and not path.is_file():
+            self.problem(where, f'file {value} does not exist{hint}')
+            return f'{value} [MISSING]'
+        if kind == 'model' and not path.is_dir():
+            self.problem(where, f'model directory {value} does not exist{hint}')
+            return f'{value} [MISSING]'
+        if kind == 'model':
+            return f'{value} [{self.model_type(path, where)}]'
+        return f'{value} [exists, {path.stat().st_size / 2**20:.1f} MiB]'
+
+    def model_type(self, path: Path, where: str) -> str:
+        config = path / 'config.json'
+        if not config.is_file():
+            self.problem(where, f'{path} has no config.json: not a Hugging Face model directory')
+            return 'no config.json'
+        try:
+            model_type = json.loads(config.read_text(encoding='utf-8')).get('model_type')
+        except (OSError, ValueError) as exc:
+            self.problem(where, f'{config} is not readable JSON ({exc})')
+            return 'bad config.json'
+        expected = self.cfg.get('policy_model_type')
+        if expected and model_type != expected:
+            self.warnings.append(f'{where}: {config} says model_type {model_type!r}, but this '
+                                 f'config is for {self.cfg.get("policy_name")} ({expected!r})')
+        return f'model_type {model_type}'
+
+    # ---- the checks ----
+    def run(self) -> None:
+        from mmengine.registry import (
+            DATA_SAMPLERS,
+            DATASETS,
+            FUNCTIONS,
+            HOOKS,
+            LOG_PROCESSORS,
+            LOOPS,
+            MODELS,
+            OPTIM_WRAPPERS,
+            OPTIMIZERS,
+            RUNNERS,
+            VISBACKENDS,
+        )
+
+        cfg = self.cfg
+        runner = cfg.get('runner_type', 'Runner')
+        if RUNNERS.get(runner) is None:
+            self.problem('runner_type', f'unresolved runner {runner!r}')
+        half = (cfg.get('model') or {}).get('torch_dtype') in ('bfloat16', 'float16')
+        self.rows['runner'] = f'{runner}; {LAUNCH_NOTE}' if half else runner
+        self.check_model(cfg.get('model'), MODELS)
+        loop = cfg.get('train_cfg') or {}
+        loop_cls = self.resolve(LOOPS, loop, 'train_cfg')
+        if loop_cls is not None and loop_cls.__name__ != 'RLTrainLoop':
+            self.problem('train_cfg', f'type {loop_cls.__name__} is not RLTrainLoop: '
+                         'not an RL config of gepo_xtuner')
+            return
+        if loop_cls is not None:
+            self.bind(loop_cls, loop, 'train_cfg', None, None)
+        self.check_data(cfg.get('train_dataloader') or {}, DATASETS, DATA_SAMPLERS, FUNCTIONS)
+        self.check_loop(loop)
+        self.check_batch(loop, cfg.get('optim_wrapper') or {})
+        self.check_optim(cfg.get('optim_wrapper') or {}, OPTIM_WRAPPERS, OPTIMIZERS)
+        hooks = [self.build(HOOKS, h, f'default_hooks.{k}')
+                 for k, h in (cfg.get('default_hooks') or {}).items() if h is not None]
+        hooks += [self.build(HOOKS, h, f'custom_hooks[{i}]')
+                  for i, h in enumerate(cfg.get('custom_hooks') or [])]
+        self.rows['hooks'] = ', '.join(type(h).__name__ for h in hooks if h is not None)
+        if cfg.get('log_processor'):
+            self.build(LOG_PROCESSORS, cfg.log_processor, 'log_processor')
+        for i, backend in enumerate((cfg.get('visualizer') or {}).get('vis_backends', [])):
+            self.resolve(VISBACKENDS, backend, f'visualizer.vis_backends[{i}]')
+        self.rows['deepspeed'] = ('installed' if importlib.util.find_spec('deepspeed')
+                                  else 'not installed here (needed for --deepspeed)')
+
+    def check_model(self, model: dict | None, models) -> None:
+        import torch
+
+        from gepo_xtuner.registry import POLICY_LOSSES
+        cls = self.resolve(models, model, 'model')
+        if cls is None:
+            return
+        self.bind(cls, model, 'model')
+        name = self.cfg.get('policy_name')
+        self.rows['policy'] = ((f'{name}: ' if name else '')
+                               + self.path(model.get('pretrained'), 'model.pretrained', 'model'))
+        if model.get('tokenizer'):
+            self.rows['tokenizer'] = self.path(model.tokenizer, 'model.tokenizer', 'model')
+        dtype = model.get('torch_dtype', 'float32')
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            self.problem('model.torch_dtype', f'{dtype!r} is not a torch dtype name')
+        self.rows['dtype'] = str(dtype)
+        loss = self.build(POLICY_LOSSES, model.get('policy_loss'), 'model.policy_loss')
+        if loss is not None:
+            self.rows['policy loss'] = describe(model.policy_loss, type(loss))
+
+    def check_data(self, loader: dict, datasets, samplers, functions) -> None:
+        dataset = loader.get('dataset')
+        if self.resolve(datasets, dataset, 'train_dataloader.dataset') is not None:
+            self.rows['train data'] = self.path(dataset.get('path'),
+                                                'train_dataloader.dataset.path', 'file')
+        if loader.get('sampler'):
+            self.resolve(samplers, loader.sampler, 'train_dataloader.sampler')
+        if loader.get('collate_fn'):
+            self.resolve(functions, loader.collate_fn, 'train_dataloader.collate_fn')
+
+    def check_loop(self, loop: dict) -> None:
+        from gepo_xtuner.registry import ADVANTAGES, ROLLOUT_BACKENDS
+        from gepo_xtuner.reward import RewardRouter
+        from gepo_xtuner.rollout import SamplingParams
+
+        processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
+        if processor is not None:
+            self.rows['algorithm'] = describe(loop.advantage, type(processor))
+            if processor.init_state() is not None and not any(
+                    h.get('type') == 'GEPOThresholdHook' for h in self.cfg.get('custom_hooks', [])):
+                self.problem('custom_hooks', f'{type(processor).__name__} keeps state across '
+                             "steps: add dict(type='GEPOThresholdHook')")
+        self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
+        try:
+            params = SamplingParams(**dict(loop.get('sampling') or {}),
+                                    n=loop.get('num_responses', 8))
+            self.rows['sampling'] = (f'temperature {params.temperature}, top_p {params.top_p}, '
+                                     f'top_k {params.top_k}, max_new_tokens '
+                                     f'{params.max_new_tokens}')
+        except (TypeError, ValueError) as exc:
+            self.problem('train_cfg.sampling', exc)
+        val = loop.get('val')
+        if val:
+            where = self.path(val.get('path'), 'train_cfg.val.path', 'file')
+            self.rows['validation'] = f'{where}, every {val.get("interval", 10)} steps'
+        self.rows['steps'] = str(loop.get('max_steps'))
+        rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
+        if rollout is not None:
+            self.rows['rollout'] = describe(loop.rollout)
+            rollout.close()
+            self.check_sync_address(loop.rollout)
+        from gepo_xtuner.registry import REWARDS
+        rewards = loop.get('rewards') or {}
+        resolved = [self.resolve(REWARDS, fn, f'train_cfg.rewards.{domain}')
+                    for domain, fn in rewards.items() if isinstance(fn, dict)]
+        if None in resolved:
+            return
+        try:
+            router = RewardRouter(rewards)
+            self.rows['rewards'] = ', '.join(f'{domain}: {type(fn).__name__}'
+                                             for domain, fn in router.fns.items())
+        except Exception as exc:  # noqa: BLE001 (a misconfigured reward)
+            self.problem('train_cfg.rewards', exc)
+
+    def check_sync_address(self, rollout: dict) -> None:
+        """A remote server cannot reach a weight-sync rendezvous on the trainer's loopback."""
+        sync = rollout.get('weight_sync') or {}
+        url = str(rollout.get('server_url') or '')
+        local = ('127.0.0.1', 'localhost')
+        if (sync.get('mode') == 'nccl' and sync.get('master_address', '127.0.0.1') in local
+                and not any(f'//{host}' in url for host in local)):
+            self.warnings.append(
+                f'train_cfg.rollout.weight_sync: the server at {url} must reach training rank 0 '
+                f"at master_address {sync.get('master_address', '127.0.0.1')!r} for NCCL weight "
+                'sync; set MASTER_ADDR to rank 0\'s hostname (tools/slurm_train.sh and '
+                'tools/dist_train.sh do)')
+
+    def check_batch(self, loop: dict, optim: dict) -> None:
+        prompts = (self.cfg.get('train_dataloader') or {}).get('batch_size')
+        k = loop.get('num_responses', 8)
+        minibatch = loop.get('minibatch_size', 32)
+        micro = loop.get('micro_batch_size') or minibatch
+        epochs = loop.get('ppo_epochs', 1)
+        if not all(isinstance(v, int) and v >= 1 for v in (prompts, k, minibatch, micro, epochs)):
+            self.problem('train_cfg', 'train_dataloader.batch_size, num_responses, '
+                         'minibatch_size, micro_batch_size and ppo_epochs must be integers >= 1')
+            return
+        w = self.world_size
+        self.rows['world size'] = f'{w} ({self.world_source})'
+        self.rows['prompts per RL step'] = f'{prompts} per rank x {w} = {prompts * w}'
+        responses = prompts * k
+        self.rows['responses per RL step'] = f'{responses} per rank x {w} = {responses * w}'
+        self.rows['minibatch'] = (f'{minibatch} responses per rank x {w} = {minibatch * w} '
+                                  f'responses (= {minibatch * w / k:g} prompts)')
+        steps = -(-responses // minibatch) * epochs
+        self.rows['optimizer steps per RL step'] = f'{steps} (ppo_epochs {epochs})'
+        if responses % minibatch:
+            self.warnings.append(f'train_cfg.minibatch_size: {responses} responses per rank do '
+                                 f'not split into minibatches of {minibatch}; the last is smaller')
+        if minibatch % micro:
+            self.problem('train_cfg.micro_batch_size', f'minibatch_size {minibatch} is not a '
+                         f'multiple of micro_batch_size {micro}')
+        accumulate = optim.get('accumulative_counts', 1)
+        self.rows['micro batch'] = (f'{micro} responses per forward/backward, '
+                                    f'accumulative_counts {accumulate}')
+        if accumulate != minibatch // micro:
+            self.problem('optim_wrapper.accumulative_counts', f'is {accumulate}, must be '
+                         f'minibatch_size // micro_batch_size = {minibatch // micro}')
+
+    def check_optim(self, optim: dict, wrappers, optimizers) -> None:
+        self.resolve(wrappers, optim, 'optim_wrapper')
+        opt = optim.get('optimizer')
+        if self.resolve(optimizers, opt, 'optim_wrapper.optimizer') is not None:
+            clip = (optim.get('clip_grad') or {}).get('max_norm')
+            self.rows['optimizer'] = f'{describe(opt)}, clip_grad max_norm {clip}'
+
+
+def world_size_of(args_world: int | None) -> tuple[int, str]:
+    if args_world is not None:
+        return args_world, '--world-size'
+    for name, how in (('WORLD_SIZE', 'torchrun'), ('SLURM_NTASKS', 'srun')):
+        if os.environ.get(name, '').isdigit() and int(os.environ[name]) > 0:
+            return int(os.environ[name]), f'{name}, as {how} sets it'
+    return 1, 'WORLD_SIZE and SLURM_NTASKS unset: one process; pass --world-size N'
+
+
+def check_one(path: Path, options: dict | None, check_paths: bool,
+              world: tuple[int, str]) -> dict[str, Any]:
+    """Checks one config file; returns its report."""
+    from mmengine.config import Config
+
+    report: dict[str, Any] = dict(config=str(path), variables=[], rows={}, problems=[],
+                                  warnings=[])
+    try:
+        variables = config_variables(path.resolve())
+    except (OSError, SyntaxError, ValueError) as exc:
+        report['problems'].append(f'cannot read: {type(exc).__name__}: {exc}')
+        return report
+    report['variables'] = [dict(name=v.name, value=v.value, source=v.source,
+                                description=v.description) for v in variables]
+    unset = [v for v in variables if v.source == 'UNSET']
+    if unset:
+        for v in unset:
+            report['problems'].append(
+                f'environment variable {v.name} is not set ({v.description or "no default"}; '
+                f'{Path(v.file).name}:{v.line}): export {v.name}=...')
+        return report
+    try:
+        cfg = Config.fromfile(str(path))
+        if options:
+            cfg.merge_from_dict(options)
+    except Exception as exc:  # noqa: BLE001 (the load error is the finding)
+        where = f' ({exc.filename}:{exc.lineno})' if isinstance(exc, SyntaxError) else ''
+        report['problems'].append(f'cannot load{where}: {type(exc).__name__}: {exc}')
+        return report
+    checker = Checker(cfg, variables, world, check_paths)
+    try:
+        checker.run()
+    except Exception as exc:  # noqa: BLE001 (a section the checks did not expect)
+        checker.problem('config', exc)
+    report.update(rows=checker.rows, problems=checker.problems, warnings=checker.warnings)
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f'== {report["config"]}')
+    if report['variables']:
+        print('  config variables')
+        width = max(len(v['name']) for v in report['variables'])
+        for v in report['variables']:
+            print(f'    {v["name"]:<{width}}  {v["value"] or "-"}  ({v["source"]})'
+                  + (f'  {v["description"]}' if v['description'] else ''))
+    if report['rows']:
+        print('  what would run')
+        width = max(len(k) for k in report['rows'])
+        for key, value in report['rows'].items():
+            print(f'    {key:<{width}}  {value}')
+    for warning in report['warnings']:
+        print(f'  warning: {warning}')
+    for problem in report['problems']:
+        print(f'  PROBLEM: {problem}')
+    print('  OK' if not report['problems'] else f'  FAILED ({len(report["problems"])} problems)')
+    print()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from mmengine.config import DictAction
+
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('configs', nargs='+', type=Path, help='config files')
+    parser.add_argument('--world-size', type=int, default=None,
+                        help='training processes to assume (sets WORLD_SIZE for loading)')
+    parser.add_argument('--no-path-check', action='store_true',
+                        help='do not check that model and data paths exist')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config keys, as with xtuner train')
+    parser.add_argument('--json', action='store_true', help='print the reports as JSON')
+    args = parser.parse_args(argv)
+    if args.world_size is not None and args.world_size < 1:
+        parser.error(f'--world-size must be >= 1, got {args.world_size}')
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from mmengine.logging import MMLogger
+    MMLogger.get_instance('check_config', log_level=logging.WARNING)  # quiet mmengine's INFO
+    import gepo_xtuner  # noqa: F401  (registers what the configs name)
+
+    if args.world_size is not None:
+        os.environ['WORLD_SIZE'] = str(args.world_size)
+    world = world_size_of(args.world_size)
+    reports = []
+    for path in args.configs:
+        if not path.is_file():
+            reports.append(dict(config=str(path), variables=[], rows={}, warnings=[],
+                                problems=['no such file']))
+            continue
+        reports.append(check_one(path, args.cfg_options, not args.no_path_check, world))
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    else:
+        for report in reports:
+            print_report(report)
+    failed = [r['config'] for r in reports if r['problems']]
+    for report in reports:
+        for problem in report['problems']:
+            print(f'{report["config"]}: {problem}', file=sys.stderr)
+    if failed:
+        print(f'{len(failed)} of {len(reports)} configs FAILED: {", ".join(failed)}',
+              file=sys.stderr)
+        return 1
+    print(f'all {len(reports)} configs OK', file=sys.stderr)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
