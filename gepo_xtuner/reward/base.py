@@ -41,14 +41,20 @@ class RewardRouter:
             :data:`~gepo_xtuner.registry.REWARDS`) or callable
             ``fn(completion, record) -> float``. The key ``'default'`` serves
             domains without their own entry.
+        route_by: the record field whose value picks the function: ``'domain'``
+            (default) or ``'data_source'`` (one function per benchmark; a record
+            without ``data_source`` uses its ``domain``).
 
     Raises:
         ValueError: if a record's domain has no function and there is no default.
     """
 
-    def __init__(self, rewards: Mapping[str, Any]) -> None:
+    def __init__(self, rewards: Mapping[str, Any], route_by: str = 'domain') -> None:
         if not rewards:
             raise ValueError("rewards is empty: give at least dict(default=dict(type='...'))")
+        if route_by not in ('domain', 'data_source'):
+            raise ValueError(f"route_by must be 'domain' or 'data_source', got {route_by!r}")
+        self.route_by = route_by
         self.fns: dict[str, RewardFn] = {
             name: REWARDS.build(cfg) if isinstance(cfg, Mapping) else cfg
             for name, cfg in rewards.items()
@@ -58,7 +64,7 @@ class RewardRouter:
     def fn_for(self, domain: str) -> RewardFn:
         fn = self.fns.get(domain, self.fns.get('default'))
         if fn is None:
-            raise ValueError(f'no reward function for domain {domain!r}; configure '
+            raise ValueError(f'no reward function for {self.route_by} {domain!r}; configure '
                              f'rewards[{domain!r}] or rewards["default"] '
                              f'(configured: {sorted(self.fns)})')
         return fn
@@ -71,10 +77,18 @@ class RewardRouter:
             ``(rewards (N,) float32, metrics)`` with ``reward/errors/<domain>``
             counts for the domains present.
         """
+        rewards, metrics, _ = self.score(completions, records)
+        return rewards, metrics
+
+    def score(self, completions: Sequence[str], records: Sequence[dict[str, Any]]
+              ) -> tuple[torch.Tensor, dict[str, float], list[str | None]]:
+        """Like :meth:`__call__`, plus each sample's failure (``'Type: message'``) or None."""
         errors: Counter[str] = Counter()
+        failures: list[str | None] = []
         values = []
         for completion, record in zip(completions, records):
-            domain = record['domain']
+            domain = record.get(self.route_by) or record['domain']
+            failures.append(None)
             try:
                 value = float(self.fn_for(domain)(completion, record))
                 if not math.isfinite(value):
@@ -83,6 +97,7 @@ class RewardRouter:
                 if isinstance(exc, ValueError) and str(exc).startswith('no reward function'):
                     raise
                 errors[domain] += 1
+                failures[-1] = f'{type(exc).__name__}: {exc}'
                 value = 0.0
                 key = (domain, type(exc).__name__)
                 if key not in self._warned:
@@ -92,6 +107,6 @@ class RewardRouter:
                               'scoring 0 (further failures of this kind are counted in '
                               f'reward/errors/{domain})', logger='current', level=30)
             values.append(value)
-        domains = {r['domain'] for r in records}
+        domains = {r.get(self.route_by) or r['domain'] for r in records}
         metrics = {f'reward/errors/{d}': float(errors[d]) for d in sorted(domains)}
-        return torch.tensor(values, dtype=torch.float32), metrics
+        return torch.tensor(values, dtype=torch.float32), metrics, failures
