@@ -61,3 +61,19 @@ $(TRL_DEPS)/.installed: benchmarks/requirements-trl.txt
 
 bench-trl: $(TRL_DEPS)/.installed
 	PYTHONPATH=$(abspath $(TRL_DEPS))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/vs_trl.py $(BENCH_TRL_ARGS)
+
+# transformers 5 (Qwen3.5) for xtuner 0.2.0, which pins 4.48 (docs/transformers5.md). Installed into
+# $(TF5_DEPS) and put first on PYTHONPATH for one command; the venv keeps transformers 4.48:
+#   PYTHONPATH=$PWD/work_dirs/tf5_deps .venv/bin/python -m xtuner.tools.train CFG
+# xtuner imports under transformers 5 through the start-up hook that installing this package adds
+# (_gepo_xtuner_transformers5.py). The venv is set up only if it is missing, never reinstalled here.
+TF5_DEPS ?= work_dirs/tf5_deps
+.PHONY: tf5-deps
+
+tf5-deps: $(TF5_DEPS)/.installed
+
+$(TF5_DEPS)/.installed: requirements-transformers5.txt
+	test -x $(PY) || $(MAKE) $(STAMP)
+	rm -rf $(TF5_DEPS)
+	$(PY) -m pip install --no-deps --target $(TF5_DEPS) -r requirements-transformers5.txt
+	touch $@

@@ -3,8 +3,34 @@
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
+
+# Start-up hook that lets xtuner 0.2.0 import under transformers 5 (docs/transformers5.md):
+# a .pth file at the top of site-packages whose one line runs at interpreter start-up.
+STARTUP_PTH = 'gepo_xtuner_transformers5.pth'
+STARTUP_LINE = 'import _gepo_xtuner_transformers5; _gepo_xtuner_transformers5.install()\n'
+
+
+class BuildPyWithStartupHook(build_py):
+    """``build_py`` that also writes :data:`STARTUP_PTH` to the root of the wheel."""
+
+    def run(self) -> None:
+        super().run()
+        # A wheel is made from build_lib. An editable wheel (pip install -e .) maps the
+        # packages to this tree and takes other files only from its unpacked root, which
+        # setuptools makes the `install` command's install_lib while it builds one.
+        root = (self.get_finalized_command('install').install_lib if self.editable_mode
+                else self.build_lib)
+        self.mkpath(root)
+        path = Path(root, STARTUP_PTH)
+        path.write_text(STARTUP_LINE, encoding='utf-8')
+        self._startup_outputs = [] if self.editable_mode else [str(path)]
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), *getattr(self, '_startup_outputs', [])]
+
 
 setup(
     name='gepo-xtuner',
@@ -16,12 +42,16 @@ setup(
     license='Apache-2.0',
     python_requires='>=3.10',
     packages=find_packages(include=['gepo_xtuner', 'gepo_xtuner.*']),
+    py_modules=['_gepo_xtuner_transformers5'],
+    cmdclass={'build_py': BuildPyWithStartupHook},
     install_requires=[
         'torch>=2.4',
         'mmengine>=0.10.6',
         'numpy>=1.24',
         'matplotlib>=3.7',
         'transformers>=4.48',
+        # images of multimodal records (transformers' image loading and processors)
+        'pillow>=9',
         # `xtuner train` is the entry point; 0.2.0 pins transformers 4.48 and mmengine 0.10.6
         'xtuner>=0.2.0',
         # LMDeployRolloutBackend's HTTP client (pooled, thread-safe)

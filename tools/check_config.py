@@ -301,8 +301,20 @@ class Checker:
             self.problem('train_cfg.sampling', exc)
         val = loop.get('val')
         if val:
-            where = self.path(val.get('path'), 'train_cfg.val.path', 'file')
-            self.rows['validation'] = f'{where}, every {val.get("interval", 10)} steps'
+            from gepo_xtuner.engine.validation import BENCHMARK_KEYS
+            sets = []
+            if val.get('path') is not None:
+                sets.append(self.path(val['path'], 'train_cfg.val.path', 'file'))
+            for i, bench in enumerate(val.get('benchmarks') or []):
+                key = f'train_cfg.val.benchmarks[{i}]'
+                unknown = sorted(set(bench) - set(BENCHMARK_KEYS))
+                if unknown:
+                    self.problem(key, f'unknown keys {unknown}; allowed: {list(BENCHMARK_KEYS)}')
+                where = self.path(bench.get('path'), f'{key}.path', 'file')
+                sets.append(f'{bench.get("name", "?")}: {where}')
+            if not sets:
+                self.problem('train_cfg.val', 'give path=... and/or benchmarks=[...]')
+            self.rows['validation'] = f'{"; ".join(sets)}, every {val.get("interval", 10)} steps'
         self.rows['steps'] = str(loop.get('max_steps'))
         rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:

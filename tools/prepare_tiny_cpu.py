@@ -26,14 +26,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--force', action='store_true', help='retrain even if cached')
     # Smaller values are for smoke tests; the defaults are the tuned CPU recipe.
     parser.add_argument('--steps', type=int, default=None, help='override warm-start steps')
-    parser.add_argument('--n-train', type=int, default=None, help='train records per domain')
+    parser.add_argument('--n-sft', type=int, default=None,
+                        help='warm-start records per domain')
+    parser.add_argument('--n-train', type=int, default=None, help='RL records per domain')
     parser.add_argument('--n-val', type=int, default=None, help='val records per domain')
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    overrides = {k: v for k, v in dict(steps=args.steps, n_train_per_domain=args.n_train,
+    overrides = {k: v for k, v in dict(steps=args.steps, n_sft_per_domain=args.n_sft,
+                                       n_train_per_domain=args.n_train,
                                        n_val_per_domain=args.n_val).items() if v is not None}
     start = time.time()
     model_dir = warm_start(args.out, seed=args.seed, force=args.force, **overrides)

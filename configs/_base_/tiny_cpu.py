@@ -37,7 +37,7 @@ train_cfg = dict(
 
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=3e-5, betas=(0.9, 0.99), weight_decay=0.0),
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
     clip_grad=dict(max_norm=1.0))
 
 default_hooks = dict(

@@ -26,11 +26,12 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
 
     Args:
         history: one dict per step with ``step`` and metrics named
-            ``entropy/group/<domain>``, ``val/<domain>/acc``, ``entropy/policy/<domain>``.
+            ``entropy/group/<domain>``, ``val/<domain>/acc`` (or ``val/<benchmark>/acc``),
+            ``entropy/policy/<domain>``.
         path: the PNG to write.
     """
     panels = [('entropy/group/', '', 'group entropy $\\mathcal{H}_g$'),
-              ('val/', '/acc', 'validation accuracy (greedy)'),
+              ('val/', '/acc', 'validation accuracy (mean reward)'),
               ('entropy/policy/', '', 'policy token entropy')]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (prefix, suffix, label) in zip(axes, panels):

@@ -15,8 +15,8 @@ from ..analysis.curves import plot_training_curves
 class TrainingCurvesHook(Hook):
     """Writes ``<work_dir>/training_curves.png`` (and ``.json``) after training.
 
-    The figure has per-domain group entropy (the paper's Figures 4-5), per-domain
-    validation accuracy (Figure 3) and policy entropy over steps, drawn from the
+    The figure has per-domain group entropy (the paper's Figures 4-5), validation
+    accuracy per domain or benchmark (Figure 3) and policy entropy over steps, drawn from the
     loop's metric history (checkpointed, so a resumed run draws the whole run).
     Then it prints the paths of the figure, the log and the scalar file.
     """

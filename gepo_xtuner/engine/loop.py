@@ -11,11 +11,13 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
+from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
-from .batching import ResponseBatch, build_response_batch, minibatches
+from .batching import ResponseBatch, build_response_batch, cut_at_tokens, minibatches
 from .loop_state_hook import RLLoopStateHook
+from .requests import encode_request, prompt_token_ids
 from .validation import Validator
 
 
@@ -51,24 +53,33 @@ class RLTrainLoop(BaseLoop):
         num_responses: K, responses per prompt.
         sampling: :class:`~gepo_xtuner.rollout.SamplingParams` fields except ``n``;
             ``stop_token_ids`` defaults to the tokenizer's EOS.
-        prompt_template: ``str.format`` template applied to each record's ``prompt``.
-        minibatch_size: responses per optimizer step (the paper: 32 of 256 x 16).
+        prompt_template: ``str.format`` template applied to each record's ``prompt``
+            (records with chat ``messages`` use the tokenizer's chat template instead).
+            Records with ``images`` go through the policy's processor, see
+            :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
+        minibatch_size: responses per optimizer step and rank (the paper's minibatch
+            of 32 prompts x K=16 is 512 responses over all ranks).
         micro_batch_size: responses per forward/backward inside a minibatch; the
             optimizer wrapper's ``accumulative_counts`` must equal
             ``minibatch_size // micro_batch_size``. Defaults to ``minibatch_size``.
         ppo_epochs: passes over each rollout batch.
         logprob_batch_size: responses per no-grad forward for old logprobs.
-        val: optional ``dict(path=..., interval=..., max_new_tokens=...)``: greedy
-            validation on a held-out JSONL file before the first step, every
-            ``interval`` steps and after the last, logged as ``val/<domain>/acc``
-            with the step's metrics (so checkpoints carry it too).
+        val: optional :class:`~gepo_xtuner.engine.validation.Validator` arguments:
+            ``dict(path=..., interval=...)`` (one held-out file, logged per domain as
+            ``val/<domain>/acc``) and/or ``benchmarks=[dict(name=..., path=..., n=...,
+            temperature=...), ...]`` (logged as ``val/<name>/acc``), validated before
+            the first step, every ``interval`` steps and after the last, with the
+            step's metrics (so checkpoints carry it too).
+        reward_route_by: the record field that picks the reward function,
+            ``'domain'`` (default) or ``'data_source'``.
     """
 
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
                  rewards: dict, num_responses: int = 8, sampling: dict | None = None,
                  prompt_template: str = '{prompt}', minibatch_size: int = 32,
                  micro_batch_size: int | None = None, ppo_epochs: int = 1,
-                 logprob_batch_size: int = 64, val: dict | None = None) -> None:
+                 logprob_batch_size: int = 64, val: dict | None = None,
+                 reward_route_by: str = 'domain') -> None:
         super().__init__(runner, dataloader)
         if max_steps < 1 or num_responses < 1 or minibatch_size < 1 or ppo_epochs < 1:
             raise ValueError('RLTrainLoop needs max_steps, num_responses, minibatch_size and '
@@ -89,9 +100,10 @@ class RLTrainLoop(BaseLoop):
         self.advantage = ADVANTAGES.build(advantage)
         self.advantage_state: Any = None  # handed over by GEPOThresholdHook
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
-        self.rewards = RewardRouter(rewards)
+        self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
         self.sampling: SamplingParams | None = None
+        self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
@@ -125,6 +137,7 @@ class RLTrainLoop(BaseLoop):
         policy = self.policy
         tokenizer = policy.tokenizer
         self.rollout.attach(policy.llm, tokenizer)
+        self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
         cfg = dict(self._sampling_cfg)
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
@@ -146,25 +159,41 @@ class RLTrainLoop(BaseLoop):
             self.run_iter(next(self.dataloader_iterator))
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
+        self.rollout.close()  # e.g. stops an LMDeploy server the backend launched
         return self.runner.model
 
+    def encode_requests(self, records: list[dict]) -> list[RolloutRequest]:
+        """Rollout requests for ``records``: token ids, and for records with images the
+        images and the processor's inputs (:func:`~gepo_xtuner.engine.requests.encode_request`).
+        """
+        policy = self.policy
+        processor = getattr(policy, 'processor', None)
+        return [encode_request(r, policy.tokenizer, processor, self.prompt_template)
+                for r in records]
+
     def _tokenize(self, records: list[dict]) -> list[list[int]]:
-        tok = self.policy.tokenizer
-        # the tokenizer's own convention for special tokens (BOS or not), as in SFT
-        return [tok(self.prompt_template.format(**r))['input_ids'] for r in records]
+        """Prompt token ids as servers take them (one placeholder token per image)."""
+        policy = self.policy
+        processor = getattr(policy, 'processor', None)
+        return [prompt_token_ids(r, policy.tokenizer, processor, self.prompt_template)
+                for r in records]
 
     def run_iter(self, records: list[dict]) -> None:
         """One RL step on this rank's ``records`` (B prompt records)."""
         self.runner.call_hook('before_train_iter', batch_idx=self._iter, data_batch=records)
         times: dict[str, float] = {}
         t = time.perf_counter()
-        prompts = self._tokenize(records)
-        samples = self.rollout.generate([RolloutRequest(p) for p in prompts], self.sampling)
+        requests = self.encode_requests(records)
+        samples = self.rollout.generate(requests, self.sampling)
+        if self._placeholders:  # a VLM cannot score responses holding image slots
+            samples = cut_at_tokens(samples, self._placeholders)
         times['rollout'] = time.perf_counter() - t
 
         t = time.perf_counter()
         tok = self.policy.tokenizer
-        batch = build_response_batch(prompts, samples, tok.pad_token_id)
+        mm = [r.mm_inputs or {} for r in requests]  # per prompt; rows gather their own
+        batch = build_response_batch([r.prompt_ids for r in requests], samples,
+                                     tok.pad_token_id, mm if any(mm) else None)
         flat_records = [records[g] for g in batch.group_index.tolist()]
         texts = tok.batch_decode([s.response_ids for group in samples for s in group],
                                  skip_special_tokens=True)
@@ -217,6 +246,9 @@ class RLTrainLoop(BaseLoop):
         for start in range(0, len(batch), self.logprob_batch_size):
             inputs = {k: getattr(batch, k)[start:start + self.logprob_batch_size].to(device)
                       for k in ('input_ids', 'attention_mask', 'response_mask')}
+            if batch.mm_inputs is not None:  # the rows' images: the context rollouts saw
+                rows = torch.arange(start, start + len(inputs['input_ids']))
+                inputs['mm_inputs'] = mm_to(batch.multimodal_inputs(rows), device)
             lp, ent = policy(inputs=inputs, mode='logprobs')
             logprobs.append(lp.float().cpu())
             entropies.append(ent.float().cpu())
@@ -259,6 +291,8 @@ class RLTrainLoop(BaseLoop):
                                   advantages=advantages[micro],
                                   num_tokens=torch.tensor(n_tokens),
                                   num_seqs=torch.tensor(n_seqs))
+                    if part.mm_inputs is not None:
+                        inputs['mm_inputs'] = part.multimodal_inputs()
                     log_vars = runner.model.train_step(dict(inputs=inputs),
                                                        optim_wrapper=runner.optim_wrapper)
                     for key, value in log_vars.items():

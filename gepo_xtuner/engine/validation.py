@@ -1,58 +1,178 @@
-"""Greedy validation on a held-out prompt file, per domain, across ranks."""
+"""Validation during training: held-out files scored every few steps, across ranks."""
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ..data.jsonl import PromptDataset
-from ..ops.distributed import all_reduce_sum
-from ..rollout import RolloutRequest, SamplingParams
+from ..data.records import load_records
+from ..ops.distributed import all_reduce_sum, dist_world_size
+from ..rollout import SamplingParams
+from .scoring import sample_and_score
+
+#: Keys of one ``benchmarks`` entry.
+BENCHMARK_KEYS = ('name', 'path', 'n', 'temperature', 'top_p', 'top_k', 'max_new_tokens',
+                  'required')
+
+
+@dataclass
+class ValSet:
+    """One held-out file and how to sample on it.
+
+    Attributes:
+        name: the benchmark's metric name, or None for the single-file form, whose
+            metrics are per domain.
+        records: the validated records.
+        n, temperature, top_p, top_k, max_new_tokens: sampling (``max_new_tokens``
+            None: the training sampling's).
+    """
+
+    name: str | None
+    records: list[dict[str, Any]]
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int | None = None
+
+    def groups(self) -> list[str]:
+        """Metric names this set logs (``val/<group>/acc``)."""
+        return sorted({r['domain'] for r in self.records}) if self.name is None else [self.name]
+
+    def group_of(self, record: dict[str, Any]) -> str:
+        return record['domain'] if self.name is None else self.name
 
 
 class Validator:
-    """Scores the policy's greedy (or configured) answers on a held-out JSONL set.
+    """Scores the policy on held-out files every ``interval`` steps (``val=dict(...)``).
 
-    Each rank takes every world-size-th record; per-domain sums and counts are
-    all-reduced, so every rank logs the same ``val/<domain>/acc`` (mean reward:
-    accuracy for 0/1 rewards) and ``val/acc`` (mean over domains).
+    Two forms, which can be combined:
+
+    * ``val=dict(path='val.jsonl', interval=10)``: one file, greedy by default,
+      logged per domain as ``val/<domain>/acc``;
+    * ``val=dict(interval=10, benchmarks=[dict(name='aime25', path=..., n=4,
+      temperature=0.6), ...])``: one metric per benchmark, ``val/<name>/acc``.
+
+    ``val/<x>/acc`` is the mean reward over all of its records and their ``n``
+    samples (accuracy for 0/1 rewards; avg@n for ``n > 1``), and ``val/acc`` the
+    mean of the ``val/<x>/acc`` values. Each rank takes every world-size-th record
+    of each file; sums and counts are all-reduced, so every rank logs the same
+    values. The rollout backend is called once per file on every rank, also with no
+    records, because some backends' ``generate`` is collective.
 
     Args:
-        path: JSONL file in :class:`~gepo_xtuner.data.jsonl.PromptDataset` format,
-            read (and validated) when the loop is built.
+        path: a held-out file (JSONL or Parquet, :mod:`gepo_xtuner.data.records`
+            schema), read and validated when the loop is built.
         interval: validate every ``interval`` steps, before the first and after the last.
-        max_new_tokens: response cap; defaults to the training sampling's.
+        max_new_tokens: response cap; None (default) uses the training sampling's.
         temperature: 0 (default) is greedy decoding.
+        n: samples per prompt.
+        top_p: nucleus mass for sampled validation.
+        top_k: top-k for sampled validation (0 disables).
+        benchmarks: list of ``dict(name, path, n, temperature, top_p, top_k,
+            max_new_tokens, required)``; ``name`` and ``path`` are required, the
+            sampling keys default to the arguments above, ``required`` lists fields
+            every record must have. Names must be unique, without ``/``, and must
+            not equal a domain of ``path``.
+
+    Raises:
+        ValueError: a bad argument (the message names it).
+        DataFormatError: a bad record (``FILE:LINE: field ...``).
     """
 
-    def __init__(self, path: str, interval: int = 10, max_new_tokens: int | None = None,
-                 temperature: float = 0.0) -> None:
+    def __init__(self, path: str | None = None, interval: int = 10,
+                 max_new_tokens: int | None = None, temperature: float = 0.0, n: int = 1,
+                 top_p: float = 1.0, top_k: int = 0,
+                 benchmarks: Sequence[dict[str, Any]] | None = None) -> None:
         if interval < 1:
             raise ValueError(f'val interval must be >= 1, got {interval}')
-        self.dataset = PromptDataset(path)
+        if not path and not benchmarks:
+            raise ValueError("val needs path='val.jsonl' (one file, metrics per domain) or "
+                             "benchmarks=[dict(name='aime25', path='aime25.jsonl'), ...]")
         self.interval = interval
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.domains = sorted({r['domain'] for r in self.dataset.records})
+        defaults = dict(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
+                        max_new_tokens=max_new_tokens)
+        self.sets: list[ValSet] = []
+        if path:
+            self.sets.append(self._build(None, path, defaults, 'val'))
+        if benchmarks is not None and not isinstance(benchmarks, (list, tuple)):
+            raise ValueError(f'val.benchmarks must be a list of dicts, got '
+                             f'{type(benchmarks).__name__}')
+        for i, bench in enumerate(benchmarks or ()):
+            self.sets.append(self._bench(i, bench, defaults))
+        self.groups: list[str] = []
+        for vs in self.sets:
+            for group in vs.groups():
+                if group in self.groups:
+                    raise ValueError(f'val: two metrics would be named val/{group}/acc; rename the '
+                                     f'benchmark {group!r} (benchmark names must differ from '
+                                     'each other and from the domains of val.path)')
+                self.groups.append(group)
+
+    def _bench(self, i: int, bench: Any, defaults: dict[str, Any]) -> ValSet:
+        where = f'val.benchmarks[{i}]'
+        if not isinstance(bench, dict):
+            raise ValueError(f'{where} must be dict(name=..., path=...), got {bench!r}')
+        unknown = sorted(set(bench) - set(BENCHMARK_KEYS))
+        if unknown:
+            raise ValueError(f'{where} does not take {unknown}; it takes {list(BENCHMARK_KEYS)}')
+        name, path = bench.get('name'), bench.get('path')
+        if not isinstance(name, str) or not name or '/' in name or name != name.strip():
+            raise ValueError(f'{where}.name must be a non-empty string without "/" or '
+                             f'surrounding spaces (it becomes val/<name>/acc), got {name!r}')
+        if not isinstance(path, str) or not path:
+            raise ValueError(f'{where}.path must be a data file, got {path!r}')
+        options = {**defaults, **{k: v for k, v in bench.items() if k in defaults}}
+        return self._build(name, path, options, f'{where} ({name})',
+                           required=tuple(bench.get('required') or ()))
+
+    @staticmethod
+    def _build(name: str | None, path: str, options: dict[str, Any], where: str,
+               required: tuple[str, ...] = ()) -> ValSet:
+        try:  # check the sampling options now, not at the first validation
+            SamplingParams(**{**options, 'max_new_tokens': options['max_new_tokens'] or 1})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f'{where}: {exc}') from None
+        return ValSet(name, load_records(path, required=required), **options)
 
     def run(self, loop: Any) -> dict[str, float]:
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        rank = torch.distributed.get_rank() if world > 1 else 0
-        records = self.dataset.records[rank::world]
-        params = SamplingParams(
-            n=1, temperature=self.temperature,
-            max_new_tokens=self.max_new_tokens or loop.sampling.max_new_tokens,
-            stop_token_ids=loop.sampling.stop_token_ids)
-        samples = loop.rollout.generate([RolloutRequest(p) for p in loop._tokenize(records)],
-                                        params)
-        texts = loop.policy.tokenizer.batch_decode([g[0].response_ids for g in samples],
-                                                  skip_special_tokens=True)
-        rewards, _ = loop.rewards(texts, records)
-        index = torch.tensor([self.domains.index(r['domain']) for r in records], dtype=torch.long)
-        sums = torch.zeros(len(self.domains), 2, dtype=torch.float64)
-        sums.index_add_(0, index, torch.stack([rewards.double(), torch.ones_like(rewards,
-                                                                                dtype=torch.float64)], 1))
-        sums = all_reduce_sum(sums)
+        """Samples and scores every file with ``loop``'s rollout backend and rewards.
+
+        Uses ``loop.rollout``, ``loop.policy.tokenizer``, ``loop.rewards``,
+        ``loop.encode_requests`` and ``loop.sampling`` (its length cap and stop tokens).
+
+        Returns:
+            ``val/<group>/acc`` for each domain (single-file form) or benchmark, and
+            ``val/acc``.
+        """
+        world = dist_world_size()
+        rank = dist.get_rank() if world > 1 else 0
+        sums = torch.zeros(len(self.groups), 2, dtype=torch.float64)  # reward sum, samples
+        for vs in self.sets:
+            records = vs.records[rank::world]
+            params = SamplingParams(
+                n=vs.n, temperature=vs.temperature, top_p=vs.top_p, top_k=vs.top_k,
+                max_new_tokens=vs.max_new_tokens or loop.sampling.max_new_tokens,
+                stop_token_ids=loop.sampling.stop_token_ids)
+            scored = sample_and_score(loop.rollout, loop.policy.tokenizer, loop.rewards, records,
+                                      loop.encode_requests(records), params)
+            index = torch.tensor([self.groups.index(vs.group_of(r)) for r in records],
+                                 dtype=torch.long)
+            per_record = torch.stack([scored.rewards.double().sum(1),
+                                      torch.full((len(records), ), float(vs.n),
+                                                 dtype=torch.float64)], 1)
+            sums.index_add_(0, index, per_record)
+        sums = self._all_reduce(sums)
         acc = (sums[:, 0] / sums[:, 1].clamp_min(1)).tolist()
-        metrics = {f'val/{d}/acc': a for d, a in zip(self.domains, acc)}
+        metrics = {f'val/{g}/acc': a for g, a in zip(self.groups, acc, strict=True)}
         metrics['val/acc'] = sum(acc) / len(acc)
         return metrics
+
+    @staticmethod
+    def _all_reduce(sums: torch.Tensor) -> torch.Tensor:
+        # NCCL reduces CUDA tensors only
+        if dist_world_size() > 1 and dist.get_backend() == 'nccl':
+            return all_reduce_sum(sums.cuda()).cpu()
+        return all_reduce_sum(sums)

@@ -1,28 +1,36 @@
-"""The policy as an mmengine model: a Hugging Face causal LM plus a policy loss."""
+"""The policy as an mmengine model: a Hugging Face causal or vision-language LM plus a loss."""
 
+import importlib
 import inspect
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
 from ..registry import POLICY_LOSSES
+
+TEXT_MODEL_CLASS = 'AutoModelForCausalLM'
 
 
 @MODELS.register_module()
 class RLPolicy(BaseModel):
-    """Causal LM whose ``forward(mode='loss')`` is a configurable policy-gradient loss.
+    """Causal or vision-language LM whose ``forward(mode='loss')`` is a policy-gradient loss.
 
     Batches are ``[prompt | response]`` rows: prompts left-padded to a common
     width P, responses right-padded to width R. Only the R response positions
     are scored, so with ``num_logits_to_keep`` support the LM head runs on R + 1
-    positions instead of P + R.
+    positions instead of P + R. For vision-language models the prompt holds the
+    image placeholders already expanded (one token per image feature, as the
+    processor writes them), so the responses are still the last R positions.
 
     ``inputs`` (all on the model's device):
         input_ids: ``(B, P + R)`` long.
@@ -32,45 +40,103 @@ class RLPolicy(BaseModel):
         advantages: ``(B,)`` (loss mode).
         num_tokens, num_seqs: optional scalars, the aggregation denominators of
             the whole minibatch when it is split into micro-batches.
+        mm_inputs: optional dict of the rows' multimodal tensors as the processor
+            names them (``pixel_values``, ``image_grid_thw``, ...), concatenated
+            along dim 0 in row order (:mod:`gepo_xtuner.ops.multimodal`); passed to
+            the model, floating-point ones cast to its dtype.
 
     Args:
         pretrained: Hugging Face model directory (or hub id where reachable).
         policy_loss: config of a :data:`~gepo_xtuner.registry.POLICY_LOSSES` entry.
-        tokenizer: tokenizer directory; defaults to ``pretrained``.
+        tokenizer: tokenizer directory; defaults to the processor's tokenizer, else
+            ``pretrained``.
         torch_dtype: parameter dtype, e.g. ``'float32'`` or ``'bfloat16'``.
+        model_class: the ``from_pretrained`` class: a ``transformers`` name
+            (default ``'AutoModelForCausalLM'``; e.g. ``'AutoModelForImageTextToText'``,
+            ``'Qwen2VLForConditionalGeneration'``) or an importable
+            ``'package.module.Class'``.
+        trust_remote_code: allow the model's own code (models such as Intern-S1-mini
+            ship their classes with the checkpoint); passed to model, tokenizer and
+            processor loading.
+        processor: directory of the model's ``AutoProcessor`` (tokenizer + image
+            processor). Defaults to ``pretrained`` when ``model_class`` is not
+            ``'AutoModelForCausalLM'``; text models load none.
+        gradient_checkpointing: recompute activations in backward (less memory,
+            about a third more compute).
     """
 
     def __init__(self, pretrained: str, policy_loss: dict, tokenizer: str | None = None,
-                 torch_dtype: str = 'float32', data_preprocessor: dict | None = None,
+                 torch_dtype: str = 'float32', model_class: str = TEXT_MODEL_CLASS,
+                 trust_remote_code: bool = False, processor: str | None = None,
+                 gradient_checkpointing: bool = False, data_preprocessor: dict | None = None,
                  init_cfg: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
-        for what, path in (('model', pretrained), ('tokenizer', tokenizer or pretrained)):
-            if path.startswith(('.', '/')) and not Path(path).exists():
-                raise FileNotFoundError(
-                    f'{what} directory {path!r} does not exist. For the built-in CPU setting '
-                    'run `python tools/prepare_tiny_cpu.py` first (make demo does).')
-        self.llm = AutoModelForCausalLM.from_pretrained(pretrained,
-                                                        torch_dtype=getattr(torch, torch_dtype))
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or pretrained)
+        if processor is None and model_class != TEXT_MODEL_CLASS:
+            processor = pretrained
+        for what, path in (('model', pretrained), ('tokenizer', tokenizer),
+                           ('processor', processor)):
+            if path is not None:
+                check_local_dir(what, path)
+        if not hasattr(torch, torch_dtype):
+            raise ValueError(f"torch_dtype {torch_dtype!r} is not a torch dtype; use e.g. "
+                             "'float32' or 'bfloat16'")
+        remote = {'trust_remote_code': trust_remote_code}
+        self.llm = resolve_model_class(model_class).from_pretrained(
+            pretrained, torch_dtype=getattr(torch, torch_dtype), **remote)
+        self.processor = None if processor is None else load_processor(processor, remote)
+        if tokenizer is None and self.processor is not None:
+            self.tokenizer = self.processor.tokenizer
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or pretrained, **remote)
+        if gradient_checkpointing:
+            # non-reentrant: works whether or not the inputs (token ids) require grad
+            self.llm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={'use_reentrant': False})
         self.policy_loss = POLICY_LOSSES.build(policy_loss)
         params = inspect.signature(self.llm.forward).parameters
         self._keep_arg = next((k for k in ('logits_to_keep', 'num_logits_to_keep') if k in params),
                               None)
+        self._rope_index = find_rope_index(self.llm)
 
-    def response_logits(self, input_ids: Tensor, attention_mask: Tensor, width: int) -> Tensor:
-        """Logits that predict the last ``width`` tokens: ``(B, width, V)``."""
-        # Left padding: positions count real tokens only, as generation saw them.
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    def position_ids(self, input_ids: Tensor, attention_mask: Tensor,
+                     mm_inputs: MMInputs) -> Tensor:
+        """Positions as generation assigns them: ``(B, L)``, or ``(3, B, L)`` for M-RoPE.
+
+        Left padding: positions count real tokens only. Models with multimodal
+        rotary positions (Qwen2-VL's ``get_rope_index``) get them from their own
+        function, which also places image tokens on their 2-D grid; computing them
+        here, rather than leaving it to the model, avoids the position offsets that
+        model caches from its last ``generate`` call.
+        """
+        if self._rope_index is None:
+            return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        fn, names = self._rope_index
+        return fn(input_ids=input_ids, attention_mask=attention_mask,
+                  **{k: v for k, v in mm_inputs.items() if k in names})[0]
+
+    def response_logits(self, input_ids: Tensor, attention_mask: Tensor, width: int,
+                        mm_inputs: MMInputs | None = None) -> Tensor:
+        """Logits that predict the last ``width`` tokens: ``(B, width, V)``.
+
+        ``mm_inputs`` (images of the rows, see the class docstring) go to the model
+        with the token ids, so the responses are scored on the image-conditioned
+        context they were sampled from.
+        """
+        mm = mm_to(mm_inputs, input_ids.device, self.llm.dtype) if mm_inputs else {}
+        position_ids = self.position_ids(input_ids, attention_mask, mm)
         kwargs = {self._keep_arg: width + 1} if self._keep_arg else {}
         logits = self.llm(input_ids=input_ids, attention_mask=attention_mask,
-                          position_ids=position_ids, use_cache=False, **kwargs).logits
+                          position_ids=position_ids, use_cache=False, **mm, **kwargs).logits
+        # Responses end every row, so the last positions are theirs whatever the prompt
+        # (and its image tokens) expanded to.
         return logits[:, -(width + 1):-1]
 
-    def response_logprobs(self, inputs: dict[str, Tensor], with_entropy: bool = False
+    def response_logprobs(self, inputs: dict[str, Any], with_entropy: bool = False
                           ) -> tuple[Tensor, Tensor | None]:
         """Logprobs ``(B, R)`` of the response tokens, and optionally their entropy."""
         width = inputs['response_mask'].shape[1]
-        logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width)
+        logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
+                                      inputs.get('mm_inputs'))
         logprobs = gather_logprobs(logits, inputs['input_ids'][:, -width:])
         entropy = None
         if with_entropy:
@@ -100,3 +166,64 @@ class RLPolicy(BaseModel):
         """
         log_vars = OrderedDict((k, v.detach().float()) for k, v in losses.items())
         return losses['loss'], log_vars
+
+
+def check_local_dir(what: str, path: str) -> None:
+    """Raises if ``path`` names a local directory that is missing (hub ids pass)."""
+    if not path:
+        raise FileNotFoundError(f'{what} path is empty: set the config variable / environment '
+                                'variable that points to it')
+    local = path.startswith(('.', '/', '~')) or path.count('/') > 1  # hub ids are 'org/name'
+    if local and not Path(path).expanduser().exists():
+        message = (f'{what} directory {path!r} does not exist: set the config variable / '
+                   'environment variable that points to it')
+        if 'work_dirs/tiny' in Path(path).as_posix():
+            message += ('. For the built-in CPU setting run `python tools/prepare_tiny_cpu.py` '
+                        'first (make demo does)')
+        raise FileNotFoundError(message)
+
+
+def resolve_model_class(name: str) -> Any:
+    """A ``transformers`` class by name, or any class by ``'package.module.Class'``."""
+    try:
+        if '.' in name:
+            module, _, attr = name.rpartition('.')
+            cls = getattr(importlib.import_module(module), attr)
+        else:
+            cls = getattr(transformers, name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(
+            f'model_class {name!r} is neither a transformers class (e.g. '
+            "'AutoModelForCausalLM', 'AutoModelForImageTextToText', "
+            "'Qwen2VLForConditionalGeneration') nor an importable 'package.module.Class' "
+            f'({exc})') from None
+    if not hasattr(cls, 'from_pretrained'):
+        raise ValueError(f'model_class {name!r} has no from_pretrained; name a model class')
+    return cls
+
+
+def load_processor(path: str, kwargs: dict[str, Any]) -> Any:
+    """The ``AutoProcessor`` at ``path``; refuses a bare tokenizer (no image processor)."""
+    fix = ("set model.processor to the directory with the model's preprocessor_config.json, "
+           "or use model_class='AutoModelForCausalLM' for a text-only model")
+    try:
+        processor = AutoProcessor.from_pretrained(path, **kwargs)
+    except OSError as exc:  # e.g. a tokenizer that names a processor class, without its files
+        raise ValueError(f'{path} holds no multimodal processor ({exc}); {fix}') from None
+    if isinstance(processor, PreTrainedTokenizerBase) or not hasattr(processor, 'tokenizer'):
+        raise ValueError(f'{path} holds no multimodal processor (AutoProcessor found only '
+                         f'{type(processor).__name__}); {fix}')
+    return processor
+
+
+def find_rope_index(model: torch.nn.Module) -> tuple[Callable[..., Any], set[str]] | None:
+    """The model's multimodal rotary-position function and its argument names, if any.
+
+    Qwen2-VL-style models expose ``get_rope_index`` on the model (or its inner
+    ``model`` in newer transformers versions).
+    """
+    for owner in (model, getattr(model, 'model', None)):
+        fn = getattr(owner, 'get_rope_index', None)
+        if callable(fn):
+            return fn, set(inspect.signature(fn).parameters)
+    return None

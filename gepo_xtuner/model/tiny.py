@@ -199,15 +199,17 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
-               batch_size: int = 64, lr: float = 3e-3, n_train_per_domain: int = 2000,
-               n_val_per_domain: int = 200, force: bool = False) -> Path:
+               batch_size: int = 64, lr: float = 3e-3, n_sft_per_domain: int = 2000,
+               n_train_per_domain: int = 2000, n_val_per_domain: int = 200,
+               force: bool = False) -> Path:
     """Builds the task files and a supervised warm-started tiny policy, cached on disk.
 
-    Writes ``out_dir/data/{train,val}.jsonl`` and ``out_dir/model/``: model, tokenizer
+    Writes ``out_dir/data/{sft,train,val}.jsonl`` and ``out_dir/model/``: model, tokenizer
     and ``warm_start.json`` (``params``, greedy ``val_accuracy`` per domain,
     ``final_loss``, ``train_seconds``, ``trained_at`` as a Unix time). The defaults
     (~1.5 min on 2 CPU cores) leave partial competence that differs by domain:
-    copy 0.92, add 0.85, sort 0.60, mul 0.23, so RL has headroom everywhere.
+    copy 0.965, add 0.32, sort 0.70, mul 0.225 (greedy, held-out prompts), so RL has
+    headroom everywhere.
 
     Deterministic: the same arguments give bitwise identical weights on one machine
     (training runs on one thread, whatever the global torch setting).
@@ -222,7 +224,9 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
         steps: optimizer steps (AdamW, 5 % warm-up then cosine decay to zero).
         batch_size: records per step, drawn uniformly with replacement.
         lr: peak learning rate.
-        n_train_per_domain: train records per domain.
+        n_sft_per_domain: warm-start records per domain (the ``sft`` split).
+        n_train_per_domain: RL records per domain (the ``train`` split, prompts the
+            warm start never saw).
         n_val_per_domain: val records per domain (for the reported accuracy).
         force: retrain even if a cached model with these parameters exists.
 
@@ -234,12 +238,13 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
     """
     model_dir = Path(out_dir) / 'model'
     splits = {s: generate_split(s, n, seed)
-              for s, n in (('train', n_train_per_domain), ('val', n_val_per_domain))}
+              for s, n in (('sft', n_sft_per_domain), ('train', n_train_per_domain),
+                           ('val', n_val_per_domain))}
     # The data digest invalidates the cache when the task generators change.
     digest = hashlib.sha256(json.dumps(splits, sort_keys=True).encode()).hexdigest()[:16]
-    params = dict(version=1, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
-                  n_train_per_domain=n_train_per_domain, n_val_per_domain=n_val_per_domain,
-                  data_sha256=digest)
+    params = dict(version=2, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
+                  n_sft_per_domain=n_sft_per_domain, n_train_per_domain=n_train_per_domain,
+                  n_val_per_domain=n_val_per_domain, data_sha256=digest)
     cached = (model_dir / 'warm_start.json').exists() and not force
     cached = cached and read_warm_start_report(model_dir).get('params') == params
     for split, records in splits.items():
@@ -248,7 +253,7 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
             write_jsonl(records, path)
     if cached:
         return model_dir
-    train, val = splits['train'], splits['val']
+    sft, val = splits['sft'], splits['val']
 
     start, was_deterministic = time.perf_counter(), torch.are_deterministic_algorithms_enabled()
     threads = torch.get_num_threads()
@@ -261,7 +266,7 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
     try:
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(len(tokenizer), seed)
-        loss = _train(model, tokenizer, train, seed=seed, steps=steps, batch_size=batch_size,
+        loss = _train(model, tokenizer, sft, seed=seed, steps=steps, batch_size=batch_size,
                       lr=lr)
         accuracy = greedy_accuracy(model, tokenizer, val)
         model.save_pretrained(tmp)

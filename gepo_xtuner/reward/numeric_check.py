@@ -33,7 +33,7 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from .answer import final_answer, last_number, strip_latex_text
+from .answer import _NUMBER, final_answer, strip_latex_text
 
 __all__ = ['Parsed', 'numeric_equal', 'parse_answer']
 
@@ -212,6 +212,35 @@ def _same_expression(a: Any, b: Any, rel_tol: float, abs_tol: float, trials: int
     return True
 
 
+def _last_number_with_unit(text: str) -> str | None:
+    r"""The last number in ``text`` with the unit written right after it, if any.
+
+    Without the unit, ``The distance is 3200 m.`` would read as 3200 km against a
+    reference in km, and ``3.2 kg`` as 3.2 km.
+
+    Example:
+        >>> _last_number_with_unit('The distance is 3200 m. Done')
+        '3200 m'
+        >>> _last_number_with_unit('it takes 7 steps')
+        '7'
+    """
+    found = None
+    for found in _NUMBER.finditer(text):
+        pass
+    if found is None:
+        return None
+    number = found.group(0)
+    # the rest of the clause: up to a sentence end, a comma or a line break
+    tail = re.split(r'[,;\n]|\.(?:\s|$)', text[found.end():], maxsplit=1)[0].strip()
+    words = strip_latex_text(tail).split()
+    for k in range(min(3, len(words)), 0, -1):  # longest unit first: "m / s" before "m"
+        candidate = f'{number} {" ".join(words[:k])}'
+        parsed = _split_value_unit(candidate)
+        if parsed is not None and parsed.unit is not None:
+            return candidate
+    return number
+
+
 def numeric_equal(completion: str, answer: Any, unit: str | None = None,
                   rel_tol: float = 1e-2, abs_tol: float = 0.0, require_unit: bool = False,
                   fallback_last_number: bool = True) -> bool:
@@ -247,7 +276,7 @@ def numeric_equal(completion: str, answer: Any, unit: str | None = None,
     """
     text = final_answer(completion)
     if text is None and fallback_last_number:
-        text = last_number(completion)
+        text = _last_number_with_unit(completion)
     if text is None:
         return False
     ref = parse_answer(answer, unit)

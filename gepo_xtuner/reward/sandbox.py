@@ -62,7 +62,7 @@ class SandboxResult:
 
     Attributes:
         status: ``'ok'`` (exit code 0), ``'error'`` (non-zero exit or signal),
-            ``'timeout'`` (killed at the wall-clock limit) or ``'output_limit'``
+            ``'timeout'`` (killed at the wall-clock or CPU-time limit) or ``'output_limit'``
             (stdout reached ``max_output_bytes``).
         returncode: the process's exit code (negative: killed by that signal).
         stdout: what the code printed (UTF-8, undecodable bytes replaced).
@@ -281,7 +281,9 @@ class Sandbox:
                 has_value = True
             except (OSError, ValueError, KeyError, TypeError):
                 pass
-        if not finished:
+        # SIGXCPU: the CPU-time limit (as long as the wall limit) struck first; on an
+        # idle machine the wall clock usually wins by the start-up time, but not always
+        if not finished or returncode == -signal.SIGXCPU:
             status = 'timeout'
         elif stdout_size >= self.max_output_bytes:
             status = 'output_limit'

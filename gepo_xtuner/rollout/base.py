@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 
 @dataclass(frozen=True)
@@ -51,15 +51,32 @@ class RolloutRequest:
     """One prompt to sample from.
 
     Attributes:
-        input_ids: the tokenised prompt (chat template already applied).
+        input_ids: the tokenised prompt (chat template already applied); with
+            images, one image placeholder token per image, as inference servers
+            (LMDeploy's ``/generate``) expect, since they expand it themselves.
         images: optional images for multimodal backends (paths, URLs or PIL
             images), in prompt order.
-        extra: backend-specific extras (passed through untouched).
+        extra: backend-specific extras (passed through untouched; servers merge
+            them into the request body).
+        model_input_ids: for prompts with images, the prompt as the model itself
+            takes it: the processor's ``input_ids`` with each image placeholder
+            expanded to one token per image feature. ``None``: same as ``input_ids``.
+        mm_inputs: for prompts with images, the processor's tensors for in-process
+            backends (e.g. ``pixel_values``, ``image_grid_thw``), batched by
+            concatenation along dim 0 (see :mod:`gepo_xtuner.ops.multimodal`).
+            Never sent to servers.
     """
 
     input_ids: list[int]
     images: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    model_input_ids: list[int] | None = None
+    mm_inputs: dict[str, Tensor] | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids as the policy model scores them (placeholders expanded)."""
+        return self.input_ids if self.model_input_ids is None else self.model_input_ids
 
 
 @dataclass

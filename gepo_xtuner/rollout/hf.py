@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from ..ops.multimodal import MMInputs, can_concat, concat_mm_inputs, mm_to, placeholder_token_ids
 from ..ops.token import gather_logprobs
 from ..registry import ROLLOUT_BACKENDS
 from .base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
@@ -22,11 +23,17 @@ class HFRolloutBackend(RolloutBackend):
     (``len(requests) * n`` sequences in all). Sampling uses the global torch RNG,
     which the training loop checkpoints, so a resumed run samples the same tokens.
 
+    Prompts with images generate from their processed form
+    (:attr:`~gepo_xtuner.rollout.RolloutRequest.model_input_ids` and ``mm_inputs``,
+    which the RL loop fills with the policy's processor): the rows' image tensors are
+    concatenated along dim 0, so any mix of prompts with and without images shares a
+    batch. A processor whose tensors do not concatenate (per-batch padding) gets one
+    prompt per ``generate`` call instead. A vision-language model never samples its
+    image / video placeholder tokens (``suppress_tokens``): the trainer could not score
+    a response holding one. The returned logprobs stay those of the raw distribution.
+
     Args:
         batch_size: sequences per ``generate`` call (memory bound).
-
-    Image inputs are not supported by this backend (raise); use a multimodal
-    backend for prompts that carry images.
     """
 
     def __init__(self, batch_size: int = 256) -> None:
@@ -35,10 +42,12 @@ class HFRolloutBackend(RolloutBackend):
         self.batch_size = batch_size
         self.model: nn.Module | None = None
         self.pad_token_id: int | None = None
+        self.suppress: tuple[int, ...] = ()
 
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
         self.model = model
         self.pad_token_id = tokenizer.pad_token_id
+        self.suppress = placeholder_token_ids(getattr(model, 'config', None))
         if self.pad_token_id is None:
             raise ValueError('the tokenizer has no pad_token_id; set tokenizer.pad_token')
 
@@ -47,43 +56,57 @@ class HFRolloutBackend(RolloutBackend):
                  ) -> list[list[RolloutSample]]:
         if self.model is None:
             raise RuntimeError('HFRolloutBackend.generate called before attach(model, tokenizer)')
-        if any(r.images for r in requests):
-            raise ValueError('HFRolloutBackend does not take images; configure a multimodal '
-                             'rollout backend for prompts with images')
-        flat = [r.input_ids for r in requests for _ in range(params.n)]
+        for i, r in enumerate(requests):
+            if r.images and r.mm_inputs is None:
+                raise ValueError(
+                    f'HFRolloutBackend: request {i} has images but no processed image inputs '
+                    '(RolloutRequest.mm_inputs); prompts with images must be encoded with the '
+                    "policy's processor (RLPolicy with a vision-language model_class)")
+        rows = [(r.prompt_ids, r.mm_inputs or {}) for r in requests for _ in range(params.n)]
+        if can_concat([r.mm_inputs for r in requests if r.mm_inputs]):
+            groups = [rows]
+        else:  # a processor that pads images per batch: one prompt per generate call
+            groups = [rows[i * params.n:(i + 1) * params.n] for i in range(len(requests))]
         samples: list[RolloutSample] = []
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(flat), self.batch_size):
-                samples.extend(self._generate_batch(flat[start:start + self.batch_size], params))
+            for group in groups:
+                for start in range(0, len(group), self.batch_size):
+                    samples.extend(self._generate_batch(group[start:start + self.batch_size],
+                                                        params))
         finally:
             self.model.train(was_training)
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(requests))]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams
+    def _generate_batch(self, rows: list[tuple[list[int], MMInputs]], params: SamplingParams
                         ) -> list[RolloutSample]:
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        width = max(len(p) for p, _ in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for i, p in enumerate(prompts):  # left padding: the last prompt token ends each row
+        for i, (p, _) in enumerate(rows):  # left padding: the last prompt token ends each row
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p):] = 1
+        # text-only rows: no extra arguments, exactly the text-model call
+        mm = mm_to(concat_mm_inputs([m for _, m in rows]), device,
+                   getattr(self.model, 'dtype', None))
         greedy = params.temperature == 0
         config = GenerationConfig(
             do_sample=not greedy, temperature=None if greedy else params.temperature,
             top_p=None if greedy else params.top_p, top_k=None if greedy else params.top_k,
             max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id,
             eos_token_id=list(params.stop_token_ids) or None, output_logits=True,
-            return_dict_in_generate=True)
+            return_dict_in_generate=True,
+            **({'suppress_tokens': list(self.suppress)} if self.suppress else {}))
         out = self.model.generate(input_ids=input_ids.to(device),
                                   attention_mask=attention_mask.to(device),
-                                  generation_config=config)
+                                  generation_config=config, **mm)
         generated = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # raw logits, (B, S, V)
         logprobs = gather_logprobs(logits, generated).cpu()
-        return [self._trim(ids, lps, params) for ids, lps in zip(generated.cpu().tolist(), logprobs)]
+        return [self._trim(ids, lps, params)
+                for ids, lps in zip(generated.cpu().tolist(), logprobs)]
 
     @staticmethod
     def _trim(ids: list[int], logprobs: torch.Tensor, params: SamplingParams) -> RolloutSample:

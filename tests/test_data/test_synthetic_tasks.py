@@ -47,17 +47,22 @@ def test_generate_split_is_deterministic_per_seed():
 
 
 def test_every_domain_present_with_unique_ids():
-    for split in ('train', 'val'):
+    for split in ('sft', 'train', 'val'):
         recs = generate_split(split, 25, 0)
         assert Counter(r['domain'] for r in recs) == {d: 25 for d in DOMAINS}
         assert len({r['id'] for r in recs}) == len(recs)
         assert all(r['id'].startswith(f'{split}-{r["domain"]}-') for r in recs)
 
 
-def test_train_and_val_are_disjoint_even_across_seeds():
+def test_splits_are_disjoint_even_across_seeds():
     val = generate_split('val', 200, 0)
     train = generate_split('train', 2000, 0) + generate_split('train', 500, 1)
+    sft = generate_split('sft', 2000, 0) + generate_split('sft', 500, 2)
     assert not {r['prompt'] for r in val} & {r['prompt'] for r in train}
+    assert not {r['prompt'] for r in val} & {r['prompt'] for r in sft}
+    # RL prompts are new to the warm-started policy
+    assert not {r['prompt'] for r in sft} & {r['prompt'] for r in train}
+    assert all(split_of(r['prompt']) == 'sft' for r in sft)
     assert all(split_of(r['prompt']) == 'val' for r in val)
     # val prompts are distinct, so accuracy is over 200 different problems per domain
     assert len({r['prompt'] for r in val}) == len(val)

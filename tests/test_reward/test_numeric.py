@@ -114,3 +114,13 @@ def test_parse_answer_reads_units_and_scientific_notation():
     assert parse_answer('3,200').value == 3200
     assert parse_answer(r'\frac{1}{2} m/s').value == 0.5
     assert parse_answer('hello world') is None
+
+
+@pytest.mark.parametrize('completion, expected', [
+    ('The distance is 3200 m.', 1.0),   # unit written after the last number, no "answer:"
+    ('so it weighs 3.2 kg', 0.0),        # another dimension: not read as 3.2 km
+    ('time 3.2 s and more', 0.0),
+    ('it is 3.2', 1.0),                  # a bare number is read in the reference's unit
+])
+def test_unstated_final_answer_keeps_its_unit(completion, expected):
+    assert NumericReward()(completion, {'answer': 3.2, 'unit': 'km'}) == expected

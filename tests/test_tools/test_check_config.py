@@ -302,3 +302,18 @@ def test_hub_ids_are_reported_and_relative_paths_checked(locations):
                  'model.pretrained=Qwen/Qwen2.5-7B', 'model.tokenizer=./nothere', env=locations)
     assert 'Qwen/Qwen2.5-7B [hub id: downloaded at build time, not checked]' in proc.stdout
     assert 'model.tokenizer: model directory ./nothere does not exist' in proc.stdout
+
+
+def test_validation_benchmarks_are_checked(locations, tmp_path):
+    data = locations['GEPO_DATA_DIR']
+    cfg = tmp_path / 'bench.py'
+    cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+                   "train_cfg = dict(val=dict(_delete_=True, interval=5, benchmarks=[\n"
+                   f"    dict(name='aime', path='{data}/val.jsonl'),\n"
+                   f"    dict(name='gpqa', path='{tmp_path}/absent.jsonl', temp=0.6)]))\n")
+    proc = check(cfg, env=locations)
+    assert proc.returncode == 1
+    assert 'train_cfg.val.path' not in proc.stdout  # benchmarks alone are a valid form
+    assert "train_cfg.val.benchmarks[1]: unknown keys ['temp']" in proc.stdout
+    assert f'{tmp_path}/absent.jsonl does not exist' in proc.stdout
+    assert 'train_cfg.val.benchmarks[0]' not in proc.stdout

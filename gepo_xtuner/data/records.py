@@ -1,0 +1,357 @@
+"""The prompt-record schema shared by training, validation, evaluation and ``check_data``.
+
+One record is one prompt, a JSON object (a JSONL line or a Parquet row):
+
+================  ===========================  =============================================
+field             type                         meaning
+================  ===========================  =============================================
+``prompt``        non-empty str                the prompt text (``prompt_template`` applies)
+``messages``      list of ``{role, content}``  chat turns instead of ``prompt``, rendered with
+                                               the tokenizer's chat template
+``domain``        non-empty str                routes the reward (``rewards[domain]``)
+``data_source``   str, optional                benchmark name; defaults to ``domain``
+``images``        list of str, optional        image paths or URLs; relative paths are read
+                                               from the data file's directory
+``answer``        str, number or list          reference answer (math, numeric, choice, chart)
+``choices``       list or ``{letter: text}``   multiple-choice options
+``unit``          str, optional                unit of a bare-number ``answer``
+``tests``         non-empty list of dicts      code tests
+``instructions``  non-empty list of dicts      ``{"id": ..., "kwargs": {...}}`` constraints
+``id``            str or int, optional         default ``<file stem>-<line>`` (Parquet:
+                                               ``<file stem>-<row>``); ints become strings
+``metadata``      dict, optional               free-form; passed to the reward function
+================  ===========================  =============================================
+
+Exactly one of ``prompt`` and ``messages`` is required. Other fields are kept and passed
+to the reward function untouched. A top-level ``null`` counts as an absent field (that
+is how a Parquet column stores "no value"). See ``docs/data.md``.
+
+This module needs only the standard library (``datasets`` is imported for Parquet
+files only), so ``tools/check_data.py`` loads it without importing torch.
+"""
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Schemes that mark an image as remote (not checked on disk).
+URL_SCHEMES = ('http://', 'https://', 'data:', 's3://', 'gs://', 'oss://')
+#: Chat roles a ``messages`` turn may take.
+ROLES = ('system', 'user', 'assistant', 'tool')
+#: Fields with a documented meaning (anything else is kept as is).
+KNOWN_FIELDS = ('prompt', 'messages', 'domain', 'data_source', 'images', 'answer', 'choices',
+                'unit', 'tests', 'instructions', 'id', 'metadata')
+PARQUET_SUFFIXES = ('.parquet', '.pq')
+
+
+class DataFormatError(ValueError):
+    """A dataset file is unusable; the message starts with ``FILE:LINE:`` (``FILE:row N:``)."""
+
+
+def is_url(path: str) -> bool:
+    """Whether an image reference is remote (a URL or data URI) rather than a local file."""
+    return path.startswith(URL_SCHEMES)
+
+
+def _fail(where: str, field: str, reason: str, fix: str) -> DataFormatError:
+    return DataFormatError(f"{where}: field '{field}': {reason}; {fix}")
+
+
+def _type(value: Any) -> str:
+    return 'null' if value is None else type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_text(record: dict, where: str) -> None:
+    has_prompt, has_messages = 'prompt' in record, 'messages' in record
+    if has_prompt and has_messages:
+        raise _fail(where, 'messages', 'the record has both "prompt" and "messages"',
+                    'keep one: "prompt" for plain text, "messages" for chat turns')
+    if not has_prompt and not has_messages:
+        raise _fail(where, 'prompt', 'missing', 'give the text as "prompt": "..." or chat turns '
+                    'as "messages": [{"role": "user", "content": "..."}]')
+    if has_prompt:
+        prompt = record['prompt']
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _fail(where, 'prompt', f'must be a non-empty string, got {prompt!r}',
+                        'put the prompt text there')
+        return
+    messages = record['messages']
+    if not isinstance(messages, list) or not messages:
+        raise _fail(where, 'messages', f'must be a non-empty list of turns, got {_type(messages)}',
+                    'write [{"role": "user", "content": "..."}]')
+    for i, turn in enumerate(messages):
+        at = f'messages[{i}]'
+        if not isinstance(turn, dict):
+            raise _fail(where, at, f'must be an object, got {_type(turn)}',
+                        'write {"role": "user", "content": "..."}')
+        if turn.get('role') not in ROLES:
+            raise _fail(where, f'{at}.role', f'must be one of {list(ROLES)}, got '
+                        f'{turn.get("role")!r}', 'name who speaks in each turn')
+        content = turn.get('content')
+        if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get('type'), str):
+                    raise _fail(where, f'{at}.content[{j}]', 'a content part must be an object '
+                                f'with a "type", got {part!r}',
+                                'write {"type": "text", "text": "..."} or {"type": "image"}')
+        elif not isinstance(content, str):
+            raise _fail(where, f'{at}.content', f'must be a string or a list of content parts, '
+                        f'got {_type(content)}', 'put the turn\'s text there')
+    if messages[-1]['role'] == 'assistant':
+        raise _fail(where, 'messages', 'the last turn is the assistant\'s',
+                    'end with the turn the policy answers (user or tool); the policy writes the '
+                    'assistant turn')
+
+
+def _check_images(record: dict, where: str, base_dir: Path | None, check_files: bool) -> None:
+    images = record['images']
+    if not isinstance(images, list):
+        raise _fail(where, 'images', f'must be a list of paths or URLs, got {_type(images)}',
+                    'write ["figure.png"] even for one image')
+    resolved = []
+    for i, image in enumerate(images):
+        if not isinstance(image, str) or not image:
+            raise _fail(where, f'images[{i}]', f'must be a path or URL string, got '
+                        f'{_type(image)}', 'save embedded images as files and list their paths')
+        if not is_url(image) and not os.path.isabs(image) and base_dir is not None:
+            image = os.path.normpath(base_dir / image)  # relative to the data file
+        if check_files and not is_url(image) and not os.path.isfile(image):
+            raise _fail(where, f'images[{i}]', f'file {image} does not exist',
+                        'fix the path (relative paths are read from the data file\'s '
+                        'directory) or remove the image')
+        resolved.append(image)
+    record['images'] = resolved
+
+
+def _check_references(record: dict, where: str) -> None:
+    if 'answer' in record:
+        answer = record['answer']
+        ok = isinstance(answer, str) or _is_number(answer) or (
+            isinstance(answer, list) and answer
+            and all(isinstance(a, str) or _is_number(a) for a in answer))
+        if not ok:
+            raise _fail(where, 'answer', f'must be a string, a number or a non-empty list of '
+                        f'them, got {answer!r}', 'write the reference answer, e.g. "70"')
+    if 'choices' in record:
+        choices = record['choices']
+        ok = (isinstance(choices, list) and choices
+              and all(isinstance(c, str) or _is_number(c) for c in choices)) or (
+            isinstance(choices, dict) and choices
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in choices.items()))
+        if not ok:
+            raise _fail(where, 'choices', f'must be a non-empty list of option texts (A, B, ... '
+                        f'in order) or an object {{"A": "text", ...}}, got {choices!r}',
+                        'list the options')
+    if 'unit' in record and not isinstance(record['unit'], str):
+        raise _fail(where, 'unit', f'must be a string, got {_type(record["unit"])}',
+                    'write the unit, e.g. "km"')
+    if 'tests' in record:
+        tests = record['tests']
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
+            raise _fail(where, 'tests', f'must be a non-empty list of test objects, got '
+                        f'{_type(tests)}', 'write [{"input": "...", "output": "..."}]')
+    if 'instructions' in record:
+        items = record['instructions']
+        if not isinstance(items, list) or not items:
+            raise _fail(where, 'instructions', f'must be a non-empty list, got {_type(items)}',
+                        'write [{"id": "punctuation:no_comma", "kwargs": {}}]')
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or not isinstance(item.get('id'), str):
+                raise _fail(where, f'instructions[{i}]', f'must be an object with a string '
+                            f'"id", got {item!r}', 'write {"id": "...", "kwargs": {...}}')
+            if not isinstance(item.get('kwargs', {}), (dict, type(None))):
+                raise _fail(where, f'instructions[{i}].kwargs', 'must be an object, got '
+                            f'{_type(item["kwargs"])}', 'write the checker\'s arguments as {}')
+    if 'metadata' in record and not isinstance(record['metadata'], dict):
+        raise _fail(where, 'metadata', f'must be an object, got {_type(record["metadata"])}',
+                    'wrap the values in {...}')
+
+
+def validate_record(record: Any, where: str, *, base_dir: str | os.PathLike | None = None,
+                    required: Sequence[str] = (), default_id: str | None = None,
+                    check_images: bool = True) -> dict[str, Any]:
+    """Checks one record against the schema and returns its normalised copy.
+
+    Normalisation: top-level ``null`` fields are dropped, ``id`` becomes a string
+    (``default_id`` if absent), ``data_source`` defaults to ``domain``, relative image
+    paths become paths under ``base_dir``.
+
+    Args:
+        record: the parsed JSON value (or Parquet row).
+        where: ``'FILE:LINE'`` (or ``'FILE:row N'``), the prefix of every error.
+        base_dir: directory that relative image paths are relative to.
+        required: fields every record of this dataset must have (e.g. ``['answer']``).
+        default_id: the ``id`` of a record without one.
+        check_images: whether local image files must exist.
+
+    Returns:
+        A new dict; the input is not modified.
+
+    Raises:
+        DataFormatError: ``'FILE:LINE: field X: reason; how to fix'``.
+    """
+    if not isinstance(record, dict):
+        raise DataFormatError(f'{where}: expected a JSON object with "prompt" (or "messages") '
+                              f'and "domain", got {_type(record)}')
+    record = {k: v for k, v in record.items() if v is not None}
+    _check_text(record, where)
+    domain = record.get('domain')
+    if not isinstance(domain, str) or not domain.strip():
+        raise _fail(where, 'domain', f'must be a non-empty string, got {domain!r}',
+                    'name the task family whose reward scores this record, e.g. "math"')
+    source = record.setdefault('data_source', domain)
+    if not isinstance(source, str) or not source.strip():
+        raise _fail(where, 'data_source', f'must be a non-empty string, got {source!r}',
+                    'name the benchmark, e.g. "aime2025", or drop the field')
+    if 'images' in record:
+        _check_images(record, where, None if base_dir is None else Path(base_dir), check_images)
+    _check_references(record, where)
+    if 'id' in record:
+        rid = record['id']
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == '':
+            raise _fail(where, 'id', f'must be a non-empty string or an integer, got {rid!r}',
+                        'give each record a unique name, or drop the field')
+        record['id'] = str(rid)
+    elif default_id is not None:
+        record['id'] = default_id
+    missing = [name for name in required if name not in record]
+    if missing:
+        raise _fail(where, missing[0], 'missing', f'this dataset requires {list(required)} in '
+                    'every record')
+    return record
+
+
+def is_parquet(path: str | os.PathLike) -> bool:
+    """Parquet by suffix; every other file is read as JSONL."""
+    return Path(path).suffix.lower() in PARQUET_SUFFIXES
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
+    with path.open('rb') as fh:  # bytes: a decoding error can then name its line
+        for lineno, raw in enumerate(fh, start=1):
+            where = f'{path}:{lineno}'
+            try:
+                text = raw.decode('utf-8')
+            except UnicodeDecodeError as exc:
+                raise DataFormatError(f'{where}: not UTF-8 text ({exc.reason} at byte '
+                                      f'{exc.start} of the line); save the file as UTF-8'
+                                      ) from None
+            if not text.strip():
+                continue
+            try:
+                value = json.loads(text.rstrip('\r\n'))  # columns then stay on this line
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(f'{where}: not valid JSON ({exc.msg} at column '
+                                      f'{exc.colno}); each line must be one complete JSON '
+                                      'object') from None
+            yield where, lineno, value
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
+    import datasets  # only here: importing it costs seconds
+    from datasets.utils import logging as ds_logging
+
+    # quiet while reading: our own error replaces datasets' log lines and progress bars
+    verbosity, bars_off = ds_logging.get_verbosity(), datasets.are_progress_bars_disabled()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)
+    datasets.disable_progress_bars()
+    try:
+        table = datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
+    except Exception as exc:  # noqa: BLE001 (pyarrow raises many types for a bad file)
+        raise DataFormatError(f'{path}: not a readable Parquet file ({type(exc).__name__}: '
+                              f'{exc}); write it with pandas.DataFrame.to_parquet or '
+                              'datasets.Dataset.to_parquet') from None
+    finally:
+        ds_logging.set_verbosity(verbosity)
+        if not bars_off:
+            datasets.enable_progress_bars()
+    for row, value in enumerate(table.to_list()):
+        yield f'{path}:row {row}', row, _drop_nulls(value)
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Removes null-valued keys of (nested) objects; list items stay as they are.
+
+    A Parquet column of objects has the union of all rows' keys, absent ones null
+    (``{"num_words": 30}`` next to ``{"relation": "less than"}`` reads back as
+    ``{"num_words": 30, "relation": None}``); dropping them restores what was written.
+    """
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, int, Any]]:
+    """Raw rows of a file as ``(where, index, value)``, not yet validated.
+
+    ``where`` is ``'FILE:LINE'`` (JSONL, 1-based line; blank lines skipped) or
+    ``'FILE:row N'`` (Parquet, 0-based row); ``index`` is the line or row number.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DataFormatError: a line that is not UTF-8 or not JSON, an unreadable Parquet file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f'dataset file {path} does not exist')
+    return _parquet_rows(path) if is_parquet(path) else _jsonl_rows(path)
+
+
+def default_id(path: str | os.PathLike, index: int) -> str:
+    """The ``id`` of a record without one: ``'<file stem>-<line or row>'``."""
+    return f'{Path(path).stem}-{index}'
+
+
+def iter_records(path: str | os.PathLike, *, required: Sequence[str] = (),
+                 check_images: bool = True, unique_ids: bool = False
+                 ) -> Iterator[dict[str, Any]]:
+    """Validated records of a JSONL or Parquet file, in file order.
+
+    JSONL is parsed line by line with :mod:`json`, so every value keeps its JSON type
+    and every error names its line (``datasets``' JSON loader infers one type per
+    column: it turns ``"answer": "70"`` into ``70`` when another line has a number,
+    and fills absent fields with ``null``). Parquet is read with ``datasets``; errors
+    name the 0-based row. Blank JSONL lines are skipped.
+
+    Args:
+        path: ``.parquet``/``.pq`` file, or a JSONL file (any other name).
+        required: fields every record must have.
+        check_images: whether local image files must exist.
+        unique_ids: reject a record whose ``id`` an earlier record has.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DataFormatError: the first bad line or row, or an empty file.
+    """
+    path = Path(path)
+    seen: dict[str, str] = {}
+    count = 0
+    for where, index, value in read_rows(path):
+        record = validate_record(value, where, base_dir=path.absolute().parent,
+                                 required=required, default_id=default_id(path, index),
+                                 check_images=check_images)
+        if unique_ids:
+            first = seen.setdefault(record['id'], where)
+            if first != where:
+                raise _fail(where, 'id', f'{record["id"]!r} is already the id of {first}',
+                            'ids must be unique within a file (evaluation resumes by id)')
+        count += 1
+        yield record
+    if not count:
+        raise DataFormatError(f'{path}:{"row 0" if is_parquet(path) else 1}: no records (the '
+                              'file is empty)')
+
+
+def load_records(path: str | os.PathLike, *, required: Sequence[str] = (),
+                 check_images: bool = True, unique_ids: bool = False) -> list[dict[str, Any]]:
+    """All records of a file, see :func:`iter_records` (same arguments and errors)."""
+    return list(iter_records(path, required=required, check_images=check_images,
+                             unique_ids=unique_ids))

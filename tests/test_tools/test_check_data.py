@@ -1,0 +1,115 @@
+"""``tools/check_data.py`` as a user runs it: a real subprocess on good and broken files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / 'tools' / 'check_data.py'
+
+GOOD = [
+    {'id': 'm1', 'domain': 'math', 'data_source': 'aime2025', 'prompt': 'Find x.',
+     'answer': '70'},
+    {'id': 'v1', 'domain': 'chart', 'data_source': 'chartqapro', 'answer': '57.9',
+     'images': ['img/a.png', 'https://example.com/b.png'],
+     'messages': [{'role': 'user', 'content': [{'type': 'image'},
+                                               {'type': 'text', 'text': 'Value?'}]}]},
+    {'id': 'c1', 'domain': 'code', 'prompt': 'Sum.',
+     'tests': [{'input': '1 2\n', 'output': '3\n'}]},
+    {'id': 'm2', 'domain': 'math', 'data_source': 'aime2025', 'prompt': 'Find y.',
+     'answer': '3'},
+]
+
+
+def check(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def jsonl(path: Path, rows: list) -> Path:
+    path.write_text(''.join((r if isinstance(r, str) else json.dumps(r)) + '\n' for r in rows))
+    return path
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    (tmp_path / 'img').mkdir()
+    (tmp_path / 'img' / 'a.png').write_bytes(b'\x89PNG')
+    return tmp_path
+
+
+def test_good_files_get_a_summary(data):
+    good = jsonl(data / 'good.jsonl', GOOD)
+    dup = jsonl(data / 'dup.jsonl', [GOOD[0], GOOD[0]])
+    proc = check(good, dup)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert f'{good}: OK, 4 records' in out
+    assert 'domain        math 2, chart 1, code 1' in out
+    assert 'data_source   aime2025 2, chartqapro 1, code 1' in out
+    assert 'fields        prompt 3, messages 1, domain 4, data_source 3, images 1, answer 3, ' \
+           'tests 1, id 4' in out
+    assert 'images        found 1, URLs 1 (not fetched)' in out
+    assert "warning: 1 repeated ids, e.g. 'm1' at " in out and '2 of 2 files OK' in out
+
+
+def test_each_broken_file_is_reported_by_its_first_bad_line(data):
+    files = {
+        'bad_json': ['{"prompt": "a", "domain": "m"}', '{"prompt": "b", "domain": '],
+        'missing_field': [GOOD[0], {'prompt': 'b'}],
+        'wrong_type': [GOOD[0], GOOD[0], {'prompt': 'c', 'domain': 'm', 'tests': 'print(1)'}],
+        'missing_image': [GOOD[0], dict(GOOD[1], images=['img/gone.png'])],
+        'empty': [],
+    }
+    paths = [jsonl(data / f'{name}.jsonl', rows) for name, rows in files.items()]
+    proc = check(*paths, data / 'good.parquet')
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    expected = [
+        f'{paths[0]}:2: not valid JSON (Expecting value at column 27); each line must be one '
+        'complete JSON object',
+        f"{paths[1]}:2: field 'domain': must be a non-empty string, got None; name the task "
+        'family whose reward scores this record, e.g. "math"',
+        f"{paths[2]}:3: field 'tests': must be a non-empty list of test objects, got str; "
+        'write [{"input": "...", "output": "..."}]',
+        f"{paths[3]}:2: field 'images[0]': file {data / 'img' / 'gone.png'} does not exist; fix "
+        "the path (relative paths are read from the data file's directory) or remove the image",
+        f'{paths[4]}:1: no records (the file is empty)',
+        f'dataset file {data / "good.parquet"} does not exist',
+    ]
+    assert lines[:6] == expected
+    assert lines[6] == '0 of 6 files OK'
+
+
+def test_options_required_fields_and_missing_images(data):
+    rows = [GOOD[0], dict(GOOD[1], images=['img/gone.png'])]
+    path = jsonl(data / 'd.jsonl', rows)
+    proc = check(path, '--allow-missing-images')
+    assert proc.returncode == 0 and 'images        found 0, MISSING 1' in proc.stdout
+    proc = check(path, '--allow-missing-images', '--required', 'answer', 'tests')
+    assert proc.returncode == 1
+    assert f"{path}:1: field 'tests': missing; this dataset requires ['answer', 'tests']" \
+        in proc.stdout
+    assert check().returncode == 2  # usage error
+
+
+def test_parquet_good_and_bad(data):
+    pd.DataFrame([GOOD[0], GOOD[3], dict(GOOD[0], id='m3', images=['img/a.png'])]).to_parquet(
+        data / 'good.parquet')
+    pd.DataFrame([GOOD[0], dict(GOOD[3], answer=None, domain='')]).to_parquet(
+        data / 'bad.parquet')
+    (data / 'junk.parquet').write_text('{"prompt": "not parquet"}\n')
+    proc = check(data / 'good.parquet', data / 'bad.parquet', data / 'junk.parquet')
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert f'{data / "good.parquet"}: OK, 3 records' in out
+    assert 'fields        prompt 3, domain 3, data_source 3, images 1, answer 3, id 3' in out
+    assert f"{data / 'bad.parquet'}:row 1: field 'domain': must be a non-empty string" in out
+    assert f'{data / "junk.parquet"}: not a readable Parquet file' in out
+    assert 'Traceback' not in proc.stderr and 'examples/s' not in proc.stderr

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Check prompt data files against the record schema before training or evaluation.
+
+Usage::
+
+    python tools/check_data.py FILE [FILE ...] [--required FIELD ...]
+        [--allow-missing-images]
+
+Each file (JSONL; Parquet when it ends in ``.parquet``) is read and every record checked
+against the schema of ``gepo_xtuner/data/records.py`` (see ``docs/data.md``). A bad file
+is reported by its first bad record, in the form training would fail with::
+
+    data/train.jsonl:17: field 'answer': must be a string, a number or ...; write ...
+
+A good file gets a summary: records, counts per ``domain`` and ``data_source``, how many
+records give each field, image files found (and URLs, which are not fetched), and a
+warning for repeated ids (``tools/evaluate.py`` needs unique ids).
+
+``--required answer`` makes a field mandatory, as ``PromptDataset(required=[...])`` does.
+``--allow-missing-images`` counts missing local image files instead of failing (for data
+checked away from the machine that holds the images).
+
+Exit status: 0 if every file is good, 1 if any is not, 2 for a usage error.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def records_module() -> ModuleType:
+    """``gepo_xtuner/data/records.py`` on its own.
+
+    The module needs only the standard library; importing it through the package would
+    import torch, mmengine and transformers first (about 10 s here, against 0.1 s).
+    """
+    path = ROOT / 'gepo_xtuner' / 'data' / 'records.py'
+    if not path.is_file():  # a copy of the tool without the source tree
+        from gepo_xtuner.data import records
+        return records
+    spec = importlib.util.spec_from_file_location('gepo_xtuner_records', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def counts(counter: Counter, limit: int = 12) -> str:
+    shown = ', '.join(f'{k} {v}' for k, v in counter.most_common(limit))
+    more = len(counter) - limit
+    return shown + (f', ... ({more} more)' if more > 0 else '')
+
+
+def check_file(rec: ModuleType, path: Path, required: list[str], allow_missing: bool
+               ) -> list[str]:
+    """The report lines for one file; the first line says OK or names the first error."""
+    domains: Counter[str] = Counter()
+    sources: Counter[str] = Counter()
+    fields: Counter[str] = Counter()
+    images = Counter()
+    first_seen: dict[str, str] = {}
+    repeated: list[str] = []
+    total = 0
+    for where, index, raw in rec.read_rows(path):
+        record = rec.validate_record(raw, where, base_dir=path.absolute().parent,
+                                     required=required, default_id=rec.default_id(path, index),
+                                     check_images=not allow_missing)
+        total += 1
+        domains[record['domain']] += 1
+        sources[record['data_source']] += 1
+        fields.update(k for k, v in raw.items() if v is not None)
+        for image in record.get('images', ()):
+            kind = 'URL' if rec.is_url(image) else (
+                'found' if os.path.isfile(image) else 'missing')
+            images[kind] += 1
+        if record['id'] in first_seen:
+            repeated.append(f'{record["id"]!r} at {where} (first at {first_seen[record["id"]]})')
+        first_seen.setdefault(record['id'], where)
+    if not total:
+        raise rec.DataFormatError(f'{path}:{"row 0" if rec.is_parquet(path) else 1}: no records '
+                                  '(the file is empty)')
+    known = [f for f in rec.KNOWN_FIELDS if f in fields]
+    other = sorted(set(fields) - set(rec.KNOWN_FIELDS))
+    lines = [f'{path}: OK, {total} records',
+             f'  domain        {counts(domains)}',
+             f'  data_source   {counts(sources)}'
+             + ('  (defaults to domain)' if 'data_source' not in fields else ''),
+             '  fields        ' + ', '.join(f'{f} {fields[f]}' for f in known + other)]
+    if images:
+        parts = [f'found {images["found"]}']
+        if images['missing']:
+            parts.append(f'MISSING {images["missing"]}')
+        if images['URL']:
+            parts.append(f'URLs {images["URL"]} (not fetched)')
+        lines.append('  images        ' + ', '.join(parts))
+    if repeated:
+        lines.append(f'  warning: {len(repeated)} repeated ids, e.g. {repeated[0]}; '
+                     'tools/evaluate.py needs unique ids')
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('files', nargs='+', type=Path, metavar='FILE',
+                        help='JSONL or Parquet data files')
+    parser.add_argument('--required', nargs='+', default=[], metavar='FIELD',
+                        help='fields every record must have (e.g. answer)')
+    parser.add_argument('--allow-missing-images', action='store_true',
+                        help='count missing local image files instead of failing')
+    args = parser.parse_args(argv)
+    rec = records_module()
+    failed = 0
+    for path in args.files:
+        try:
+            print('\n'.join(check_file(rec, path, args.required, args.allow_missing_images)))
+        except (rec.DataFormatError, FileNotFoundError) as exc:
+            print(f'{exc}' if str(path) in str(exc) else f'{path}: {exc}')
+            failed += 1
+    if len(args.files) > 1:
+        print(f'{len(args.files) - failed} of {len(args.files)} files OK')
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
