@@ -13,7 +13,8 @@ tensors.
 from gepo_xtuner.loss.aggregate import AGG_MODES, aggregate, masked_mean
 from gepo_xtuner.loss.cispo import CISPOLoss
 from gepo_xtuner.loss.cov import ClipCovLoss, KLCovLoss
+from gepo_xtuner.loss.kl import kl_k3, reference_kl_loss
 from gepo_xtuner.loss.ppo import PPOClipLoss
 
 __all__ = ['AGG_MODES', 'CISPOLoss', 'ClipCovLoss', 'KLCovLoss', 'PPOClipLoss',
-           'aggregate', 'masked_mean']
+           'aggregate', 'kl_k3', 'masked_mean', 'reference_kl_loss']

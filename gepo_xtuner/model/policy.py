@@ -14,6 +14,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..loss.kl import reference_kl_loss
 from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
 from ..registry import POLICY_LOSSES
@@ -63,13 +64,19 @@ class RLPolicy(BaseModel):
             ``'AutoModelForCausalLM'``; text models load none.
         gradient_checkpointing: recompute activations in backward (less memory,
             about a third more compute).
+        kl_coef: weight ``beta`` of a KL penalty to the initial weights (a frozen copy
+            of ``pretrained``): the loss becomes ``L_policy + beta * KL_k3``
+            (:func:`~gepo_xtuner.loss.kl.reference_kl_loss`, reduced like the policy
+            loss), costing one extra no-grad forward per micro-batch. Default 0 (no
+            reference model is loaded), as in GEPO's objective; GRPO's original
+            objective uses one. Logged as ``loss/kl_ref``.
     """
 
     def __init__(self, pretrained: str, policy_loss: dict, tokenizer: str | None = None,
                  torch_dtype: str = 'float32', model_class: str = TEXT_MODEL_CLASS,
                  trust_remote_code: bool = False, processor: str | None = None,
-                 gradient_checkpointing: bool = False, data_preprocessor: dict | None = None,
-                 init_cfg: dict | None = None) -> None:
+                 gradient_checkpointing: bool = False, kl_coef: float = 0.0,
+                 data_preprocessor: dict | None = None, init_cfg: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if processor is None and model_class != TEXT_MODEL_CLASS:
             processor = pretrained
@@ -93,6 +100,16 @@ class RLPolicy(BaseModel):
             self.llm.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={'use_reentrant': False})
         self.policy_loss = POLICY_LOSSES.build(policy_loss)
+        if not (isinstance(kl_coef, (int, float)) and kl_coef >= 0):
+            raise ValueError(f'kl_coef must be a number >= 0, got {kl_coef!r}')
+        self.kl_coef = float(kl_coef)
+        # The reference stays outside the module tree: not in checkpoints (it is
+        # `pretrained` again on resume), not in the optimizer, not wrapped by DDP.
+        self._reference: tuple[torch.nn.Module, ...] = ()
+        if self.kl_coef > 0:
+            ref = resolve_model_class(model_class).from_pretrained(
+                pretrained, torch_dtype=getattr(torch, torch_dtype), **remote)
+            self._reference = (ref.eval().requires_grad_(False), )
         params = inspect.signature(self.llm.forward).parameters
         self._keep_arg = next((k for k in ('logits_to_keep', 'num_logits_to_keep') if k in params),
                               None)
@@ -115,18 +132,21 @@ class RLPolicy(BaseModel):
                   **{k: v for k, v in mm_inputs.items() if k in names})[0]
 
     def response_logits(self, input_ids: Tensor, attention_mask: Tensor, width: int,
-                        mm_inputs: MMInputs | None = None) -> Tensor:
+                        mm_inputs: MMInputs | None = None,
+                        model: torch.nn.Module | None = None) -> Tensor:
         """Logits that predict the last ``width`` tokens: ``(B, width, V)``.
 
         ``mm_inputs`` (images of the rows, see the class docstring) go to the model
         with the token ids, so the responses are scored on the image-conditioned
-        context they were sampled from.
+        context they were sampled from. ``model`` defaults to the policy (the KL
+        penalty passes the reference).
         """
-        mm = mm_to(mm_inputs, input_ids.device, self.llm.dtype) if mm_inputs else {}
+        model = self.llm if model is None else model
+        mm = mm_to(mm_inputs, input_ids.device, model.dtype) if mm_inputs else {}
         position_ids = self.position_ids(input_ids, attention_mask, mm)
         kwargs = {self._keep_arg: width + 1} if self._keep_arg else {}
-        logits = self.llm(input_ids=input_ids, attention_mask=attention_mask,
-                          position_ids=position_ids, use_cache=False, **mm, **kwargs).logits
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=False, **mm, **kwargs).logits
         # Responses end every row, so the last positions are theirs whatever the prompt
         # (and its image tokens) expanded to.
         return logits[:, -(width + 1):-1]
@@ -156,7 +176,25 @@ class RLPolicy(BaseModel):
                                          inputs['response_mask'],
                                          num_tokens=inputs.get('num_tokens'),
                                          num_seqs=inputs.get('num_seqs'))
+        if self.kl_coef > 0:
+            kl = reference_kl_loss(logprobs, self.reference_logprobs(inputs),
+                                   inputs['response_mask'], self.policy_loss.agg,
+                                   inputs.get('num_tokens'), inputs.get('num_seqs'))
+            loss = loss + self.kl_coef * kl
+            metrics['loss/kl_ref'] = kl.detach()
         return {'loss': loss, **metrics}
+
+    @torch.no_grad()
+    def reference_logprobs(self, inputs: dict[str, Any]) -> Tensor:
+        """Logprobs ``(B, R)`` of the response tokens under the frozen reference."""
+        ref = self._reference[0]
+        device = self.llm.get_input_embeddings().weight.device
+        if ref.get_input_embeddings().weight.device != device:
+            ref.to(device)
+        width = inputs['response_mask'].shape[1]
+        logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
+                                      inputs.get('mm_inputs'), model=ref)
+        return gather_logprobs(logits, inputs['input_ids'][:, -width:])
 
     def parse_losses(self, losses: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss is ``losses['loss']``; every other entry is a detached metric.
