@@ -8,14 +8,7 @@
 #
 # Data layout, multi-GPU and Slurm launches: docs/cluster.md.
 _base_ = ['./_base_/paper_rl.py', './_base_/models/qwen3_5_9b.py',
-           './_base_/algorithms/gepo.py']
+           './_base_/algorithms/gepo_symmetric.py']
 
 model = dict(policy_loss={{_base_.policy_loss}})
-train_cfg = dict(
-    advantage=dict(
-        type='GEPOAdvantage',
-        alpha_low=0.2,
-        alpha_high=0.2,
-        beta_low=0.2,
-        beta_high=0.3,
-        gamma=0.01))
+train_cfg = dict(advantage={{_base_.advantage}})

@@ -7,14 +7,7 @@
 #
 # Data layout, multi-GPU and Slurm launches: docs/cluster.md.
 _base_ = ['./_base_/paper_rl.py', './_base_/models/intern_s1_mini.py',
-           './_base_/algorithms/gepo.py']
+           './_base_/algorithms/gepo_wo_low.py']
 
 model = dict(policy_loss={{_base_.policy_loss}})
-train_cfg = dict(
-    advantage=dict(
-        type='GEPOAdvantage',
-        alpha_low=1.0,
-        alpha_high=0.2,
-        beta_low=0.2,
-        beta_high=0.3,
-        gamma=0.01))
+train_cfg = dict(advantage={{_base_.advantage}})

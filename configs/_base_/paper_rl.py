@@ -11,6 +11,7 @@
 # Launch with `--deepspeed deepspeed_zero2`: bf16 weights need DeepSpeed's fp32 master copy
 # (a plain AdamW step on bf16 weights rounds lr-1e-6 updates away), and with it a 9B policy's
 # training state (about 144 GB) needs ZeRO to shard it across the GPUs.
+_base_ = ['./rl_runtime.py']  # hooks, logging, visualizer, env (NCCL)
 runner_type = 'RLRunner'
 
 # ---- config variables: environment variables read when the config is loaded ----
@@ -105,33 +106,6 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=1.0),
     accumulative_counts=minibatch_per_rank // micro_batch_size)
 
-default_hooks = dict(
-    timer=dict(type='IterTimerHook'),
-    logger=dict(type='LoggerHook', interval=1),
-    param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(
-        type='CheckpointHook',
-        interval=20,
-        by_epoch=False,
-        max_keep_ckpts=2,
-        backend_args=dict(backend='atomic_local')))
-# GEPOThresholdHook owns and checkpoints GEPO's (and AEPO's) state; a no-op for the others.
-custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook')]
-
-log_processor = dict(type='RLLogProcessor', window_size=1)
-visualizer = dict(
-    type='Visualizer',
-    vis_backends=[dict(type='LocalVisBackend'),
-                  dict(type='OptionalTensorboardVisBackend')])
-
-env_cfg = dict(
-    cudnn_benchmark=False,
-    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-    dist_cfg=dict(backend='nccl'))
+default_hooks = dict(checkpoint=dict(interval=20))  # the rest: _base_/rl_runtime.py
 # Multimodal checkpoints carry a vision tower that text-only batches leave without gradients.
 find_unused_parameters = True
-randomness = dict(seed=0, deterministic=False)
-launcher = 'none'
-load_from = None
-resume = False
-log_level = 'INFO'

@@ -2,6 +2,7 @@
 # four-domain task mix (copy, add, sort, mul), trained online with the RL loop of gepo_xtuner.
 # Needs `python tools/prepare_tiny_cpu.py` first (make demo runs it). Pure-dict config:
 # `custom_imports` registers everything, so `xtuner train` resolves the string types below.
+_base_ = ['./rl_runtime.py']  # hooks (checkpoints every 50 steps), logging, env
 custom_imports = dict(imports=['gepo_xtuner'], allow_failed_imports=False)
 runner_type = 'RLRunner'
 
@@ -44,32 +45,6 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0),
     clip_grad=dict(max_norm=1.0))
 
-default_hooks = dict(
-    timer=dict(type='IterTimerHook'),
-    logger=dict(type='LoggerHook', interval=1),
-    param_scheduler=dict(type='ParamSchedulerHook'),
-    checkpoint=dict(
-        type='CheckpointHook',
-        interval=50,
-        by_epoch=False,
-        max_keep_ckpts=2,
-        backend_args=dict(backend='atomic_local')))
-custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook')]
-
-log_processor = dict(type='RLLogProcessor', window_size=1)
-visualizer = dict(
-    type='Visualizer',
-    vis_backends=[dict(type='LocalVisBackend'),
-                  dict(type='OptionalTensorboardVisBackend')])
-
-env_cfg = dict(
-    cudnn_benchmark=False,
-    mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
-    dist_cfg=dict(backend='gloo'))
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
 # Data parallel on CPU: DDP without device ids (ignored in single-process runs).
 model_wrapper_cfg = dict(type='MMDistributedDataParallel', device_ids=None)
-randomness = dict(seed=0, deterministic=False)
-launcher = 'none'
-load_from = None
-resume = False
-log_level = 'INFO'

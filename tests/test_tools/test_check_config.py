@@ -158,7 +158,8 @@ def test_gepo_and_its_ablations(model, monkeypatch):
 
 
 @pytest.mark.parametrize('model', MODELS)
-@pytest.mark.parametrize('algo', ['gepo', 'grpo', 'aepo', 'clip_cov', 'kl_cov'])
+@pytest.mark.parametrize('algo', ['gepo', 'grpo', 'aepo', 'clip_cov', 'kl_cov', 'gepo_wo_low',
+                                  'gepo_wo_high', 'gepo_symmetric'])
 def test_methods_come_from_the_algorithm_bases(algo, model, monkeypatch):
     """One source of truth: configs/_base_/algorithms/<algo>.py."""
     cfg = load(ROOT / 'configs' / f'{algo}_{model}.py', monkeypatch)
