@@ -108,7 +108,7 @@ def build_ours(tiny: Path, train_file: Path, steps: int, work: Path, gate: Gate)
     os.environ['GEPO_TINY_DIR'] = str(tiny)
     cfg = Config.fromfile(str(ROOT / 'configs' / 'gepo_tiny_cpu.py'))
     cfg.work_dir, cfg.log_level = str(work / 'ours'), 'WARNING'
-    cfg.train_cfg.update(max_steps=steps, val=None, logprob_batch_size=cfg.train_cfg.minibatch_size)
+    cfg.train_cfg.update(max_steps=steps, val=None)
     cfg.model.kl_coef = 0.0  # the workload has no reference model on either side (TRL beta=0)
     cfg.train_dataloader.dataset.path = str(train_file)
     cfg.train_dataloader.sampler.shuffle = False

@@ -9,4 +9,5 @@ _base_ = ['./_base_/paper_rl.py', './_base_/models/qwen3_5_9b.py',
            './_base_/algorithms/kl_cov.py']
 
 model = dict(policy_loss={{_base_.policy_loss}})
-train_cfg = dict(advantage={{_base_.advantage}})
+train_cfg = dict(advantage={{_base_.advantage}},
+                 max_tokens_per_micro_batch={{_base_.micro_batch_tokens}})

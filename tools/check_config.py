@@ -351,11 +351,10 @@ class Checker:
         prompts = (self.cfg.get('train_dataloader') or {}).get('batch_size')
         k = loop.get('num_responses', 8)
         minibatch = loop.get('minibatch_size', 32)
-        micro = loop.get('micro_batch_size') or minibatch
         epochs = loop.get('ppo_epochs', 1)
-        if not all(isinstance(v, int) and v >= 1 for v in (prompts, k, minibatch, micro, epochs)):
+        if not all(isinstance(v, int) and v >= 1 for v in (prompts, k, minibatch, epochs)):
             self.problem('train_cfg', 'train_dataloader.batch_size, num_responses, '
-                         'minibatch_size, micro_batch_size and ppo_epochs must be integers >= 1')
+                         'minibatch_size and ppo_epochs must be integers >= 1')
             return
         w = self.world_size
         self.rows['world size'] = f'{w} ({self.world_source})'
@@ -368,16 +367,20 @@ class Checker:
         self.rows['optimizer steps per RL step'] = f'{steps} (ppo_epochs {epochs})'
         if responses % minibatch:
             self.warnings.append(f'train_cfg.minibatch_size: {responses} responses per rank do '
-                                 f'not split into minibatches of {minibatch}; the last is smaller')
-        if minibatch % micro:
-            self.problem('train_cfg.micro_batch_size', f'minibatch_size {minibatch} is not a '
-                         f'multiple of micro_batch_size {micro}')
-        accumulate = optim.get('accumulative_counts', 1)
-        self.rows['micro batch'] = (f'{micro} responses per forward/backward, '
-                                    f'accumulative_counts {accumulate}')
-        if accumulate != minibatch // micro:
-            self.problem('optim_wrapper.accumulative_counts', f'is {accumulate}, must be '
-                         f'minibatch_size // micro_batch_size = {minibatch // micro}')
+                                 f'not split into minibatches of {minibatch}; they are split '
+                                 'into equal parts instead')
+        budget = loop.get('max_tokens_per_micro_batch')
+        self.rows['micro batch'] = ('the whole minibatch per forward/backward' if budget is None
+                                    else f'<= {budget} padded tokens per forward/backward '
+                                         '(gradients accumulated by the loop)')
+        for old in ('micro_batch_size', 'logprob_batch_size'):
+            if loop.get(old) is not None:
+                self.problem(f'train_cfg.{old}', 'no longer exists: micro-batches are formed by '
+                             'a token budget, set train_cfg.max_tokens_per_micro_batch')
+        if optim.get('accumulative_counts', 1) != 1:
+            self.problem('optim_wrapper.accumulative_counts',
+                         f'is {optim.get("accumulative_counts")}: the RL loop accumulates '
+                         'gradients itself (one optimizer step per minibatch); remove it')
 
     def check_optim(self, optim: dict, wrappers, optimizers) -> None:
         self.resolve(wrappers, optim, 'optim_wrapper')

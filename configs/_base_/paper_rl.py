@@ -41,7 +41,10 @@ if rollout_batch_prompts % world_size or minibatch_prompts * num_responses % wor
                      'responses per optimizer step); use 1, 2, 4, 8, ..., 256 GPUs')
 prompts_per_rank = rollout_batch_prompts // world_size
 minibatch_per_rank = minibatch_prompts * num_responses // world_size  # responses
-micro_batch_size = 1  # responses per forward/backward (memory); not in the paper
+# Micro-batches are formed by a token budget per forward/backward (train_cfg's
+# max_tokens_per_micro_batch, from the algorithm base: 20480, or the Clip-Cov / KL-Cov authors'
+# 20480 / 30720). The loop accumulates their gradients into one optimizer step per minibatch
+# itself: optim_wrapper sets no accumulative_counts.
 max_response_tokens = 16384  # not in the paper
 
 model = dict(
@@ -95,16 +98,14 @@ train_cfg = dict(
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_response_tokens),
     prompt_template='{prompt}',  # records hold prompts with the chat template applied
     minibatch_size=minibatch_per_rank,
-    micro_batch_size=micro_batch_size,
+    # max_tokens_per_micro_batch: set by the experiment config from its algorithm base
     ppo_epochs=1,
-    logprob_batch_size=2,  # responses per no-grad old-logprob forward (memory)
     val=dict(path=data_dir + '/val.jsonl', interval=10))  # greedy; interval not in the paper
 
 optim_wrapper = dict(
     type='OptimWrapper',  # --deepspeed swaps in DeepSpeedOptimWrapper with this optimizer
     optimizer=dict(type='AdamW', lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01),  # not in paper
-    clip_grad=dict(max_norm=1.0),
-    accumulative_counts=minibatch_per_rank // micro_batch_size)
+    clip_grad=dict(max_norm=1.0))
 
 default_hooks = dict(checkpoint=dict(interval=20))  # the rest: _base_/rl_runtime.py
 # Multimodal checkpoints carry a vision tower that text-only batches leave without gradients.

@@ -10,29 +10,39 @@ from torch import Tensor
 
 from ..ops.distributed import all_reduce_sum
 from ..registry import ADVANTAGES
-from .base import GroupView
+from .base import AdvantageOutput, GroupView, response_token_sums
 from .batch import RolloutBatch
 from .grpo import GRPOAdvantage
 
 
+GATES = ('band', 'hysteresis')
+
+
 @dataclass
 class EntropyGateState:
-    """Hysteresis state of the AEPO gate, carried across steps and checkpointed.
+    """State of the AEPO gate, carried across steps and checkpointed.
 
     Attributes:
-        entropy_low, entropy_high: the configured hysteresis band.
-        positive_only: True while negative-advantage samples are masked out.
+        entropy_low, entropy_high: the configured thresholds (``entropy_high``
+            None: no upper bound).
+        gate: ``'band'`` or ``'hysteresis'`` (see :class:`AEPOAdvantage`).
+        positive_only: whether the gate was on at the last step (for
+            ``'hysteresis'`` it also decides the next step).
         num_updates: steps seen.
     """
 
     entropy_low: float
-    entropy_high: float
+    entropy_high: float | None
+    gate: str = 'band'
     positive_only: bool = False
     num_updates: int = 0
 
     def update(self, batch_entropy: float) -> bool:
-        """Moves the gate with this step's batch entropy; returns whether to mask negatives."""
-        if not self.positive_only and batch_entropy > self.entropy_high:
+        """Moves the gate with this step's batch entropy; returns whether it is on."""
+        high = math.inf if self.entropy_high is None else self.entropy_high
+        if self.gate == 'band':
+            self.positive_only = self.entropy_low < batch_entropy < high
+        elif not self.positive_only and batch_entropy > high:
             self.positive_only = True
         elif self.positive_only and batch_entropy < self.entropy_low:
             self.positive_only = False
@@ -41,56 +51,90 @@ class EntropyGateState:
 
     def state_dict(self) -> dict[str, Any]:
         return dict(positive_only=self.positive_only, num_updates=self.num_updates,
-                    config=dict(entropy_low=self.entropy_low, entropy_high=self.entropy_high))
+                    config=self._config())
+
+    def _config(self) -> dict[str, Any]:
+        return dict(entropy_low=self.entropy_low, entropy_high=self.entropy_high, gate=self.gate)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = {'positive_only', 'num_updates', 'config'} - set(state)
         if missing:
             raise KeyError(f'AEPO gate state is missing {sorted(missing)}; got keys {sorted(state)}')
-        current = dict(entropy_low=self.entropy_low, entropy_high=self.entropy_high)
-        if state['config'] != current:
-            warnings.warn(f'AEPO gate was saved with {state["config"]} but this run uses '
-                          f'{current}; continuing with the new band', stacklevel=2)
+        saved = dict(state['config'])
+        saved.setdefault('gate', 'hysteresis')  # checkpoints written before the band gate
+        if saved != self._config():
+            warnings.warn(f'AEPO gate was saved with {saved} but this run uses '
+                          f'{self._config()}; continuing with the new settings', stacklevel=2)
         self.positive_only = bool(state['positive_only'])
         self.num_updates = int(state['num_updates'])
 
 
 @ADVANTAGES.register_module()
 class AEPOAdvantage(GRPOAdvantage):
-    """GRPO advantages behind AEPO's batch-level entropy gate with hysteresis.
+    """GRPO advantages behind AEPO's batch-entropy gate (QwenLong-L1.5, arXiv 2512.12967).
 
-    Batch entropy is the mean over responses of each response's mean token entropy
-    (full-vocabulary entropies when the batch carries ``entropies``, otherwise the
-    sampled-token estimate ``-logprobs``), reduced over all data-parallel ranks.
-    When it rises above ``entropy_high``, negative advantages are set to 0
-    (positive-only updates, which lower entropy) until it falls below
-    ``entropy_low``; then negatives return. The gate decision made with this step's
-    entropy applies to this step's batch.
+    Follows the authors' released code (README of Tongyi-Zhiwen/Qwen-Doc,
+    QwenLong-L1.5, "AEPO"), which runs after the advantage computation:
 
-    QwenLong-L1.5 published no threshold values. The defaults below are this
-    project's choice for sampled-token entropy at temperature 1 and must be tuned
-    to the model's entropy scale (see the ``entropy/group_mean`` metric of a GRPO
-    run). Not to be confused with the unrelated "AEPO" of arXiv 2510.08141.
+    - **Gated quantity**: the batch's policy entropy, the full-vocabulary token
+      entropy of the old policy averaged over all valid tokens of the step
+      (token-mean, all data-parallel ranks together):
+      ``H = sum_{i,t} m_it * H_it / sum_{i,t} m_it``. (Without ``entropies`` in
+      the batch the sampled-token estimate ``-logprobs`` stands in.)
+    - **Rule** (``gate='band'``, the code's): the gate is on when
+      ``entropy_low < H < entropy_high``.
+    - **When on**: only responses with ``A_i > 0`` AND ``r_i > 0`` stay; all others
+      are REMOVED from the batch (``AdvantageOutput.keep`` is False for them), so
+      they also leave the loss's token-mean denominator. Their advantage is also
+      set to 0, so a caller that ignores ``keep`` never trains on them.
+
+    Where paper text and code differ: the code's comment reads "clip negative
+    gradient when entropy > aepo_entropy_high" while its condition is the band
+    above; with ``entropy_high=None`` (no upper bound, the default here) the two
+    agree. The code also truncates the kept batch to a multiple of the world
+    size (verl dispatches equal shares); here every rank keeps its own rows, so
+    nothing is truncated. ``gate='hysteresis'`` is an alternative reading of the
+    paper's description, not the code: on above ``entropy_high``, off again only
+    below ``entropy_low``.
+
+    No thresholds were published; the default ``entropy_low=0.6`` is this
+    project's choice for full-vocabulary entropy at temperature 1 and must be
+    tuned to the model (see the ``entropy/policy`` metric of a GRPO run). Not to
+    be confused with the unrelated "AEPO" of arXiv 2510.08141.
 
     Args:
-        entropy_low: gate opens again (negatives return) below this. Default 0.4.
-        entropy_high: gate closes (positive-only) above this. Default 0.6. Must be
-            >= ``entropy_low``.
+        entropy_low: lower threshold. Default 0.6.
+        entropy_high: upper threshold, ``>= entropy_low``, or None for none
+            (required for ``gate='hysteresis'``). Default None.
+        gate: ``'band'`` (authors' code) or ``'hysteresis'``. Default ``'band'``.
         eps: GRPO's std guard. Default 1e-8.
     """
 
-    def __init__(self, entropy_low: float = 0.4, entropy_high: float = 0.6,
-                 eps: float = 1e-8) -> None:
+    def __init__(self, entropy_low: float = 0.6, entropy_high: float | None = None,
+                 gate: str = 'band', eps: float = 1e-8) -> None:
         super().__init__(eps=eps)
-        if not (math.isfinite(entropy_low) and math.isfinite(entropy_high)
-                and 0 <= entropy_low <= entropy_high):
+        if gate not in GATES:
+            raise ValueError(f'AEPOAdvantage gate must be one of {list(GATES)}, got {gate!r}')
+        if gate == 'hysteresis' and entropy_high is None:
+            raise ValueError("AEPOAdvantage(gate='hysteresis') needs entropy_high (the level "
+                             'that turns the gate on)')
+        high = math.inf if entropy_high is None else entropy_high
+        if not (math.isfinite(entropy_low) and not math.isnan(high)
+                and 0 <= entropy_low <= high):
             raise ValueError('AEPOAdvantage needs 0 <= entropy_low <= entropy_high, got '
                              f'entropy_low={entropy_low}, entropy_high={entropy_high}')
         self.entropy_low = float(entropy_low)
-        self.entropy_high = float(entropy_high)
+        self.entropy_high = None if entropy_high is None else float(entropy_high)
+        self.gate = gate
 
     def init_state(self) -> EntropyGateState:
-        return EntropyGateState(self.entropy_low, self.entropy_high)
+        return EntropyGateState(self.entropy_low, self.entropy_high, self.gate)
+
+    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
+        out = super().__call__(batch, state)
+        if state.positive_only:
+            out.keep = ~out.shaped_high
+        return out
 
     def _shape(self, adv: Tensor, groups: GroupView, batch: RolloutBatch,
                state: EntropyGateState | None) -> tuple[Tensor, Tensor, Tensor, dict[str, float]]:
@@ -101,15 +145,16 @@ class AEPOAdvantage(GRPOAdvantage):
         if batch.logprobs is None:
             raise ValueError('AEPOAdvantage needs logprobs and mask in the batch to measure '
                              'batch entropy')
-        ok = groups.lengths > 0
-        sums = torch.stack([ok.to(torch.float64).sum(),
-                            torch.where(ok, groups.seq_entropy, 0.0).sum()])
-        count, total = all_reduce_sum(sums).tolist()
-        high = torch.zeros_like(adv, dtype=torch.bool)
+        per_token = batch.entropies if batch.entropies is not None else -batch.logprobs
+        sums, lengths = response_token_sums(per_token, batch.mask)
+        total, count = all_reduce_sum(torch.stack([sums.sum(), lengths.sum()])).tolist()
         entropy = total / count if count > 0 else math.nan
+        removed = torch.zeros_like(adv, dtype=torch.bool)
         if count > 0 and state.update(entropy):
-            high = adv < 0
-            adv = torch.where(high, 0.0, adv)
-        low = torch.zeros_like(high)
-        metrics = {'aepo/batch_entropy': entropy, 'aepo/positive_only': float(state.positive_only)}
-        return adv, low, high, metrics
+            removed = ~((adv > 0) & (batch.rewards.to(adv.dtype) > 0))
+            adv = torch.where(removed, 0.0, adv)
+        low = torch.zeros_like(removed)
+        metrics = {'aepo/batch_entropy': entropy,
+                   'aepo/positive_only': float(state.positive_only),
+                   'aepo/frac_kept': float(1.0 - removed.double().mean())}
+        return adv, low, removed, metrics

@@ -33,6 +33,9 @@ class AdvantageOutput:
         shaped_high: ``(N,)`` bool, negative advantages scaled down (or masked)
             because entropy is high.
         metrics: scalar metrics named ``area/metric``.
+        keep: ``(N,)`` bool, the responses to train on; ``None`` keeps all. Rows
+            that are not kept leave the batch (AEPO's gate): they are not in any
+            minibatch and not in the loss denominators.
     """
 
     advantages: Tensor
@@ -41,6 +44,7 @@ class AdvantageOutput:
     shaped_low: Tensor
     shaped_high: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    keep: Tensor | None = None
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Turn sampled responses into padded training tensors."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,14 +42,29 @@ class ResponseBatch:
         return self.response_mask.shape[1]
 
     def rows(self, index: Tensor) -> 'ResponseBatch':
-        """A sub-batch, trimmed to the longest response it contains."""
+        """A sub-batch, trimmed to its longest prompt and longest response.
+
+        Prompts are left-padded and responses right-padded, so the columns cut are
+        padding in every selected row: positions (counted from the attention mask)
+        and the response columns' alignment are unchanged.
+        """
         mask = self.response_mask[index]
         width = max(1, int(mask.sum(1).max()))
         cut = self.response_width - width  # responses are right-padded: drop trailing pad
         end = self.input_ids.shape[1] - cut
-        return ResponseBatch(self.input_ids[index, :end], self.attention_mask[index, :end],
+        attention = self.attention_mask[index, :end]
+        prompt_width = self.input_ids.shape[1] - self.response_width
+        used = attention[:, :prompt_width].any(0).nonzero()
+        start = int(used[0]) if len(used) else prompt_width  # leading all-padding columns
+        return ResponseBatch(self.input_ids[index, start:end], attention[:, start:],
                              mask[:, :width], self.rollout_logprobs[index, :width],
                              self.group_index[index], self.mm_inputs)
+
+    def lengths(self) -> tuple[Tensor, Tensor]:
+        """``(prompt_lengths, response_lengths)``, each ``(N,)`` long (real tokens)."""
+        prompt_width = self.input_ids.shape[1] - self.response_width
+        return (self.attention_mask[:, :prompt_width].sum(1),
+                self.response_mask.sum(1).long())
 
     def multimodal_inputs(self, index: Tensor | None = None) -> MMInputs:
         """The model's multimodal inputs for rows ``index`` (default: all), in row order.
@@ -117,9 +132,92 @@ def cut_at_tokens(samples: Sequence[Sequence[RolloutSample]], token_ids: Sequenc
     return out
 
 
-def minibatches(n: int, size: int, generator: torch.Generator | None = None
-                ) -> Iterator[Tensor]:
-    """Shuffled index blocks of ``size`` covering ``range(n)`` (the last may be smaller)."""
-    order = torch.randperm(n, generator=generator)
-    for start in range(0, n, size):
-        yield order[start:start + size]
+def minibatches(rows: Tensor, count: int, generator: torch.Generator | None = None
+                ) -> list[Tensor]:
+    """``rows`` shuffled and split into ``count`` blocks whose sizes differ by at most one.
+
+    Args:
+        rows: ``(n,)`` long, the row indices to train on (all rows, or those an
+            advantage processor kept).
+        count: number of minibatches (optimizer steps); the same on every rank, so
+            a block may be empty when a processor removed rows.
+        generator: random source of the shuffle (default: torch's global RNG, which
+            the loop checkpoints).
+    """
+    order = rows[torch.randperm(len(rows), generator=generator)]
+    return list(order.tensor_split(count))
+
+
+def padded_tokens(prompt_lengths: Tensor, response_lengths: Tensor) -> int:
+    """Positions of the padded ``[left-padded prompt | right-padded response]`` block:
+    ``n * (max prompt length + max response length)``, the size one forward sees."""
+    if len(prompt_lengths) == 0:
+        return 0
+    return len(prompt_lengths) * (int(prompt_lengths.max()) + max(1, int(response_lengths.max())))
+
+
+def _pack(order: list[int], prompt: list[int], response: list[int], cap: int) -> list[list[int]]:
+    """Greedy packing of rows (in ``order``) into blocks of padded size <= ``cap``.
+
+    A row that alone exceeds ``cap`` gets a block of its own.
+    """
+    blocks: list[list[int]] = []
+    block: list[int] = []
+    max_p = max_r = 0
+    for i in order:
+        p, r = max(max_p, prompt[i]), max(max_r, response[i], 1)
+        if block and (len(block) + 1) * (p + r) > cap:
+            blocks.append(block)
+            block, p, r = [], prompt[i], max(response[i], 1)
+        block.append(i)
+        max_p, max_r = p, r
+    if block:
+        blocks.append(block)
+    return blocks
+
+
+def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor,
+                  max_tokens: int | None) -> list[Tensor]:
+    """Splits one minibatch into micro-batches by a padded-token budget.
+
+    Rows are sorted by length (longest first) and packed greedily into the
+    fewest micro-batches whose padded block, ``n_rows * (max prompt + max
+    response)`` positions (:func:`padded_tokens`), fits ``max_tokens``; then the
+    cap is lowered by bisection as far as the same number of micro-batches still
+    holds, which balances their sizes. Sorting keeps padding low: rows of
+    similar length share a block. A row longer than the budget alone forms its
+    own micro-batch. The gradient does not depend on the split: every
+    micro-batch's loss is normalised by the whole minibatch's counts.
+
+    Args:
+        rows: ``(n,)`` long row indices of the minibatch.
+        prompt_lengths, response_lengths: ``(N,)`` real lengths of ALL rows of the
+            batch (indexed by ``rows``).
+        max_tokens: the budget, or None for one micro-batch.
+
+    Returns:
+        Index tensors (subsets of ``rows``) covering ``rows`` exactly once; empty
+        for an empty minibatch.
+
+    Example:
+        >>> p, r = torch.tensor([2, 2, 2, 2]), torch.tensor([6, 6, 2, 2])
+        >>> [m.tolist() for m in micro_batches(torch.arange(4), p, r, 16)]
+        [[0, 1], [2, 3]]
+    """
+    if len(rows) == 0:
+        return []
+    if max_tokens is None:
+        return [rows]
+    ids = rows.tolist()
+    prompt = {i: int(prompt_lengths[i]) for i in ids}
+    response = {i: int(response_lengths[i]) for i in ids}
+    order = sorted(ids, key=lambda i: -(prompt[i] + response[i]))  # stable: ties keep order
+    count = len(_pack(order, prompt, response, max_tokens))
+    low, high = 1, max_tokens
+    while low < high:  # the smallest cap that still needs no more than `count` blocks
+        mid = (low + high) // 2
+        if len(_pack(order, prompt, response, mid)) <= count:
+            high = mid
+        else:
+            low = mid + 1
+    return [torch.tensor(block, dtype=rows.dtype) for block in _pack(order, prompt, response, high)]

@@ -1,7 +1,7 @@
 """The RL step as an mmengine train loop: rollout -> reward -> advantage -> updates -> sync."""
 
+import math
 import time
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -11,12 +11,15 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
+from ..ops.distributed import all_reduce, dist_world_size
 from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
-from .batching import ResponseBatch, build_response_batch, cut_at_tokens, minibatches
+from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
+                       minibatches)
 from .loop_state_hook import RLLoopStateHook
+from .optim_step import check_accumulation, optimizer_step
 from .requests import encode_request, prompt_token_ids
 from .validation import Validator
 
@@ -35,8 +38,15 @@ class RLTrainLoop(BaseLoop):
     5. advantages from the configured processor (its state, e.g. GEPO's
        thresholds, is owned and checkpointed by :class:`GEPOThresholdHook`);
     6. ``ppo_epochs`` passes over the B*K responses in shuffled minibatches of
-       ``minibatch_size``: one optimizer step each, with the model's policy loss;
+       ``minibatch_size``: one optimizer step each (:func:`optimizer_step`), with
+       the gradients of the minibatch's micro-batches accumulated explicitly;
     7. hand the new weights to the rollout backend.
+
+    Loss normalisation: every micro-batch's loss is divided by the minibatch's
+    token (or response) count over ALL ranks (one all-reduce per minibatch) and
+    multiplied by the world size before backward (data-parallel wrappers average
+    gradients), so M micro-batches on P ranks give the gradient of one big batch,
+    whatever the split and however unequal the ranks' token counts.
 
     Metrics of the step go to the runner as the iteration's outputs (logged by
     mmengine's LoggerHook and visualizer backends as ``train/<name>``).
@@ -52,18 +62,26 @@ class RLTrainLoop(BaseLoop):
         rewards: domain -> reward config, see :class:`~gepo_xtuner.reward.RewardRouter`.
         num_responses: K, responses per prompt.
         sampling: :class:`~gepo_xtuner.rollout.SamplingParams` fields except ``n``;
-            ``stop_token_ids`` defaults to the tokenizer's EOS.
+            ``stop_token_ids`` defaults to the tokenizer's EOS. The trainer scores
+            responses under ``softmax(logits / temperature)``; ``top_p`` < 1 and
+            ``top_k`` > 0 truncate the sampled distribution and are refused, as is
+            greedy decoding (temperature 0).
         prompt_template: ``str.format`` template applied to each record's ``prompt``
             (records with chat ``messages`` use the tokenizer's chat template instead).
             Records with ``images`` go through the policy's processor, see
             :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
         minibatch_size: responses per optimizer step and rank (the paper's minibatch
-            of 32 prompts x K=16 is 512 responses over all ranks).
-        micro_batch_size: responses per forward/backward inside a minibatch; the
-            optimizer wrapper's ``accumulative_counts`` must equal
-            ``minibatch_size // micro_batch_size``. Defaults to ``minibatch_size``.
+            of 32 prompts x K=16 is 512 responses over all ranks). The number of
+            optimizer steps per pass is ``ceil(B*K / minibatch_size)``.
+        max_tokens_per_micro_batch: token budget of one forward/backward: a
+            minibatch is split into the fewest micro-batches whose padded block
+            (``rows x (longest prompt + longest response)``) fits, balanced
+            (:func:`~gepo_xtuner.engine.batching.micro_batches`); None: one
+            micro-batch per minibatch. The optimizer wrapper must not set
+            ``accumulative_counts``: the loop accumulates.
+        logprob_max_tokens_per_micro_batch: the same budget for the no-grad
+            old-logprob pass; defaults to ``max_tokens_per_micro_batch``.
         ppo_epochs: passes over each rollout batch.
-        logprob_batch_size: responses per no-grad forward for old logprobs.
         val: optional :class:`~gepo_xtuner.engine.validation.Validator` arguments:
             ``dict(path=..., interval=...)`` (one held-out file, logged per domain as
             ``val/<domain>/acc``) and/or ``benchmarks=[dict(name=..., path=..., n=...,
@@ -77,31 +95,43 @@ class RLTrainLoop(BaseLoop):
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
                  rewards: dict, num_responses: int = 8, sampling: dict | None = None,
                  prompt_template: str = '{prompt}', minibatch_size: int = 32,
-                 micro_batch_size: int | None = None, ppo_epochs: int = 1,
-                 logprob_batch_size: int = 64, val: dict | None = None,
-                 reward_route_by: str = 'domain') -> None:
+                 max_tokens_per_micro_batch: int | None = None,
+                 logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
+                 val: dict | None = None, reward_route_by: str = 'domain',
+                 micro_batch_size: Any = None, logprob_batch_size: Any = None) -> None:
         super().__init__(runner, dataloader)
+        if micro_batch_size is not None or logprob_batch_size is not None:
+            raise ValueError(
+                'train_cfg.micro_batch_size and train_cfg.logprob_batch_size are gone: '
+                'micro-batches are formed by a token budget; set '
+                'train_cfg.max_tokens_per_micro_batch (and optionally '
+                'logprob_max_tokens_per_micro_batch) and remove accumulative_counts from '
+                'optim_wrapper')
         if max_steps < 1 or num_responses < 1 or minibatch_size < 1 or ppo_epochs < 1:
             raise ValueError('RLTrainLoop needs max_steps, num_responses, minibatch_size and '
                              f'ppo_epochs >= 1, got {max_steps}, {num_responses}, '
                              f'{minibatch_size}, {ppo_epochs}')
-        self.micro_batch_size = micro_batch_size or minibatch_size
-        if minibatch_size % self.micro_batch_size:
-            raise ValueError(f'minibatch_size ({minibatch_size}) must be a multiple of '
-                             f'micro_batch_size ({self.micro_batch_size})')
+        for name, value in (('max_tokens_per_micro_batch', max_tokens_per_micro_batch),
+                            ('logprob_max_tokens_per_micro_batch',
+                             logprob_max_tokens_per_micro_batch)):
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f'train_cfg.{name} must be an int >= 1 or None, got {value!r}')
+        check_accumulation(runner.optim_wrapper)
         self._max_iters = max_steps
         self._max_epochs = 1
         self._epoch = 0
         self._iter = 0
         self.minibatch_size = minibatch_size
+        self.max_tokens = max_tokens_per_micro_batch
+        self.logprob_max_tokens = logprob_max_tokens_per_micro_batch or max_tokens_per_micro_batch
         self.ppo_epochs = ppo_epochs
-        self.logprob_batch_size = logprob_batch_size
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
         self.advantage_state: Any = None  # handed over by GEPOThresholdHook
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
+        check_training_sampling(SamplingParams(**{**self._sampling_cfg, 'stop_token_ids': ()}))
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
@@ -141,6 +171,7 @@ class RLTrainLoop(BaseLoop):
         cfg = dict(self._sampling_cfg)
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
+        check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
         if self.advantage.init_state() is not None and self.advantage_state is None:
             raise RuntimeError(f'{type(self.advantage).__name__} keeps state across steps; add '
                                "dict(type='GEPOThresholdHook') to custom_hooks so that it is "
@@ -205,14 +236,15 @@ class RLTrainLoop(BaseLoop):
         domain_ids, names = encode_domains([r['domain'] for r in flat_records])
         adv = self.advantage(
             RolloutBatch(rewards=rewards, group_ids=batch.group_index, logprobs=old_logprobs,
-                         mask=batch.response_mask, domain_ids=domain_ids, domain_names=names,
-                         prompt_ids=[r['id'] for r in flat_records]), self.advantage_state)
+                         mask=batch.response_mask, entropies=entropy, domain_ids=domain_ids,
+                         domain_names=names, prompt_ids=[r['id'] for r in flat_records]),
+            self.advantage_state)
         metrics.update(adv.metrics)
         metrics.update(self._entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
         times['advantage'] = time.perf_counter() - t
 
         t = time.perf_counter()
-        metrics.update(self._update(batch, old_logprobs, adv.advantages))
+        metrics.update(self._update(batch, old_logprobs, adv.advantages, adv.keep))
         times['update'] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -240,19 +272,28 @@ class RLTrainLoop(BaseLoop):
 
     @torch.no_grad()
     def _old_logprobs(self, batch: ResponseBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Old-policy logprobs and full-vocabulary entropies, ``(N, R)`` float32 on CPU.
+
+        One no-grad forward per micro-batch of ``logprob_max_tokens_per_micro_batch``.
+        """
         policy = self.policy
         device = next(policy.parameters()).device
-        logprobs, entropies = [], []
-        for start in range(0, len(batch), self.logprob_batch_size):
-            inputs = {k: getattr(batch, k)[start:start + self.logprob_batch_size].to(device)
+        logprobs = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        entropies = torch.zeros_like(logprobs)
+        prompt_len, response_len = batch.lengths()
+        for rows in micro_batches(torch.arange(len(batch)), prompt_len, response_len,
+                                  self.logprob_max_tokens):
+            part = batch.rows(rows)
+            inputs = {k: getattr(part, k).to(device)
                       for k in ('input_ids', 'attention_mask', 'response_mask')}
-            if batch.mm_inputs is not None:  # the rows' images: the context rollouts saw
-                rows = torch.arange(start, start + len(inputs['input_ids']))
-                inputs['mm_inputs'] = mm_to(batch.multimodal_inputs(rows), device)
+            inputs['temperature'] = self.sampling.temperature
+            if part.mm_inputs is not None:  # the rows' images: the context rollouts saw
+                inputs['mm_inputs'] = mm_to(part.multimodal_inputs(), device)
             lp, ent = policy(inputs=inputs, mode='logprobs')
-            logprobs.append(lp.float().cpu())
-            entropies.append(ent.float().cpu())
-        return torch.cat(logprobs), torch.cat(entropies)
+            width = part.response_width
+            logprobs[rows, :width] = lp.float().cpu()
+            entropies[rows, :width] = ent.float().cpu()
+        return logprobs, entropies
 
     @staticmethod
     def _entropy_metrics(batch: ResponseBatch, old_logprobs: torch.Tensor,
@@ -270,37 +311,150 @@ class RLTrainLoop(BaseLoop):
         return metrics
 
     def _update(self, batch: ResponseBatch, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor) -> dict[str, float]:
-        runner = self.runner
-        n_micro = self.minibatch_size // self.micro_batch_size
-        sums: dict[str, float] = defaultdict(float)
-        steps = 0
+                advantages: torch.Tensor, keep: torch.Tensor | None) -> dict[str, float]:
+        """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
+
+        Rows an advantage processor did not keep (``keep`` False) are in no
+        minibatch and no denominator. Every rank takes the same number of steps
+        (``ceil(N / minibatch_size)`` per pass); a rank whose minibatch is empty
+        still runs one zero-weighted micro-batch, so that the gradient all-reduce
+        of data-parallel training meets on every rank.
+        """
+        world = dist_world_size()
+        rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
+        prompt_len, response_len = batch.lengths()
+        count = math.ceil(len(batch) / self.minibatch_size)
+        stats = MicroBatchStats()
+        grad_norms: list[float] = []
+        micro_counts: list[int] = []
         for _ in range(self.ppo_epochs):
-            for index in minibatches(len(batch), self.minibatch_size):
-                # micro-batch losses are normalised by the whole minibatch, then the
-                # optimizer wrapper divides by accumulative_counts (= n_micro)
-                rows = batch.response_mask[index]
-                n_tokens = float(rows.sum()) / n_micro
-                n_seqs = float(rows.any(1).sum()) / n_micro
-                for micro in index.split(self.micro_batch_size):
-                    part = batch.rows(micro)
-                    width = part.response_width
-                    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                                  response_mask=part.response_mask,
-                                  old_logprobs=old_logprobs[micro, :width],
-                                  advantages=advantages[micro],
-                                  num_tokens=torch.tensor(n_tokens),
-                                  num_seqs=torch.tensor(n_seqs))
-                    if part.mm_inputs is not None:
-                        inputs['mm_inputs'] = part.multimodal_inputs()
-                    log_vars = runner.model.train_step(dict(inputs=inputs),
-                                                       optim_wrapper=runner.optim_wrapper)
-                    for key, value in log_vars.items():
-                        sums[key] += float(value)
-                    steps += 1
-        return {(k if k.startswith(('loss', 'ratio')) else f'loss/{k}'): v / steps
-                for k, v in sums.items()}
+            for minibatch in minibatches(rows, count):
+                mask = batch.response_mask[minibatch]
+                totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum())],
+                                                 dtype=torch.float64))
+                micro = micro_batches(minibatch, prompt_len, response_len, self.max_tokens)
+                micro_counts.append(len(micro))
+                inputs = [loss_inputs(batch, m, old_logprobs, advantages, totals, self.sampling)
+                          for m in micro]
+                if not inputs:  # nothing left on this rank: take part with a zero gradient
+                    empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages, totals,
+                                        self.sampling)
+                    empty['response_mask'] = torch.zeros_like(empty['response_mask'])
+                    inputs = [empty]  # no valid token: loss 0, every gradient exactly 0
+                logs, grad_norm = optimizer_step(self.runner.model, self.runner.optim_wrapper,
+                                                 inputs, loss_scale=float(world))
+                stats.add_minibatch(logs, [int(i['response_mask'].sum()) for i in inputs])
+                if grad_norm is not None:
+                    grad_norms.append(grad_norm)
+        metrics = stats.reduce()
+        metrics['optim/steps'] = float(len(micro_counts))
+        metrics['optim/micro_batches'] = sum(micro_counts) / max(len(micro_counts), 1)
+        metrics['optim/rows_trained'] = float(len(rows))
+        if grad_norms:
+            metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
+        return metrics
 
     def _log_validation(self, step: int, metrics: dict[str, float]) -> None:
         shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
         self.runner.logger.info(f'Validation at step {step}: {shown}')
+
+
+def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
+                advantages: torch.Tensor, totals: torch.Tensor, sampling: SamplingParams
+                ) -> dict[str, Any]:
+    """``RLPolicy`` loss-mode inputs of one micro-batch.
+
+    Args:
+        batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
+        old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
+        advantages: ``(N,)``.
+        totals: ``(2,)`` float64, valid tokens and non-empty responses of the WHOLE
+            minibatch over all ranks: the loss denominators.
+        sampling: the rollout's sampling parameters (temperature; the length cap is
+            Dr.GRPO's constant normaliser).
+    """
+    part = batch.rows(rows)
+    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
+                  response_mask=part.response_mask,
+                  old_logprobs=old_logprobs[rows, :part.response_width],
+                  advantages=advantages[rows], num_tokens=totals[0].float(),
+                  num_seqs=totals[1].float(), norm_length=sampling.max_new_tokens,
+                  temperature=sampling.temperature)
+    if part.mm_inputs is not None:
+        inputs['mm_inputs'] = part.multimodal_inputs()
+    return inputs
+
+
+def check_training_sampling(params: SamplingParams) -> None:
+    """Refuses sampling settings whose distribution the trainer cannot score.
+
+    The trainer's logprobs (importance ratio, GEPO's group entropy) are those of
+    ``softmax(logits / temperature)``; nucleus or top-k truncation would make the
+    sampled distribution a different one.
+
+    Raises:
+        ValueError: naming the setting and the value to use.
+    """
+    if params.temperature <= 0:
+        raise ValueError('train_cfg.sampling.temperature must be > 0 for training (greedy '
+                         'decoding has no sampling distribution to score); the paper uses 1.0')
+    if params.top_p < 1.0 or params.top_k > 0:
+        raise ValueError(
+            f'train_cfg.sampling has top_p={params.top_p}, top_k={params.top_k}: the trainer '
+            'scores responses under the full softmax(logits / temperature), so a truncated '
+            'sampling distribution would bias the importance ratio and the group entropy; set '
+            'top_p=1.0 and top_k=0 (validation may still use them, train_cfg.val)')
+
+
+class MicroBatchStats:
+    """Reduces the loss outputs of micro-batches, minibatches and ranks to step metrics.
+
+    - ``loss``, ``loss/pg``, ``loss/kl_ref``, ``loss/cov_tokens``: each micro-batch
+      holds its share of a minibatch-normalised sum, so they add up over
+      micro-batches and ranks; the step value is their mean over minibatches.
+    - ``ratio/max`` / ``ratio/min``: maximum / minimum.
+    - everything else (fractions, means): weighted by the micro-batch's tokens.
+
+    Two all-reduces per step (sum, max), whatever the number of micro-batches.
+    """
+
+    ADDITIVE = ('loss', 'loss/pg', 'loss/kl_ref', 'loss/cov_tokens')
+    EXTREMES = {'ratio/max': 1.0, 'ratio/min': -1.0}  # sign: reduce all as a max
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.tokens = 0.0
+        self.minibatches = 0
+
+    def add_minibatch(self, logs: list[dict[str, torch.Tensor]], tokens: list[int]) -> None:
+        self.minibatches += 1
+        for log_vars, n in zip(logs, tokens):
+            self.tokens += n
+            for key, value in log_vars.items():
+                value = float(value)
+                if key in self.EXTREMES:
+                    if n:
+                        v = self.EXTREMES[key] * value
+                        self.extremes[key] = max(self.extremes.get(key, -math.inf), v)
+                    continue
+                weight = 1.0 if key in self.ADDITIVE else float(n)
+                self.sums[key] = self.sums.get(key, 0.0) + weight * value
+
+    def reduce(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        sums = all_reduce(torch.tensor([self.sums[k] for k in keys] + [self.tokens],
+                                       dtype=torch.float64)).tolist()
+        tokens = sums.pop()
+        out = {}
+        for key, value in zip(keys, sums):
+            name = key if key.startswith(('loss', 'ratio')) else f'loss/{key}'
+            out[name] = (value / max(self.minibatches, 1) if key in self.ADDITIVE
+                         else value / max(tokens, 1.0))
+        ext_keys = sorted(self.EXTREMES)
+        ext = all_reduce(torch.tensor([self.extremes.get(k, -math.inf) for k in ext_keys],
+                                      dtype=torch.float64), 'max').tolist()
+        for key, value in zip(ext_keys, ext):
+            if math.isfinite(value):
+                out[key] = self.EXTREMES[key] * value
+        return out

@@ -5,10 +5,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..data.records import load_records
-from ..ops.distributed import all_reduce_sum, dist_world_size
+from ..ops.distributed import all_reduce_sum, dist_rank, dist_world_size
 from ..rollout import SamplingParams
 from .scoring import sample_and_score
 
@@ -148,7 +147,7 @@ class Validator:
             ``val/acc``.
         """
         world = dist_world_size()
-        rank = dist.get_rank() if world > 1 else 0
+        rank = dist_rank()
         sums = torch.zeros(len(self.groups), 2, dtype=torch.float64)  # reward sum, samples
         for vs in self.sets:
             records = vs.records[rank::world]
@@ -164,15 +163,8 @@ class Validator:
                                       torch.full((len(records), ), float(vs.n),
                                                  dtype=torch.float64)], 1)
             sums.index_add_(0, index, per_record)
-        sums = self._all_reduce(sums)
+        sums = all_reduce_sum(sums)  # on the device the process group serves
         acc = (sums[:, 0] / sums[:, 1].clamp_min(1)).tolist()
         metrics = {f'val/{g}/acc': a for g, a in zip(self.groups, acc, strict=True)}
         metrics['val/acc'] = sum(acc) / len(acc)
         return metrics
-
-    @staticmethod
-    def _all_reduce(sums: torch.Tensor) -> torch.Tensor:
-        # NCCL reduces CUDA tensors only
-        if dist_world_size() > 1 and dist.get_backend() == 'nccl':
-            return all_reduce_sum(sums.cuda()).cpu()
-        return all_reduce_sum(sums)

@@ -3,7 +3,7 @@
 Every loss is a plain callable configured by keyword arguments::
 
     loss, metrics = loss_fn(logprobs, old_logprobs, advantages, mask,
-                            num_tokens=None, num_seqs=None)
+                            num_tokens=None, num_seqs=None, norm_length=None)
 
 with ``logprobs``, ``old_logprobs``, ``mask`` of shape ``(N, T)`` and ``advantages``
 of shape ``(N,)`` or ``(N, T)``; ``metrics`` maps ``'area/name'`` to detached 0-dim

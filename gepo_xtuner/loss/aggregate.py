@@ -19,7 +19,7 @@ from torch import Tensor
 __all__ = ['AGG_MODES', 'LOG_RATIO_CLAMP', 'PolicyInputs', 'aggregate', 'check_agg',
            'check_number', 'flag_fractions', 'masked_mean', 'prepare_inputs', 'ratio_metrics']
 
-AGG_MODES = ('token-mean', 'seq-mean-token-mean')
+AGG_MODES = ('token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm')
 """Valid values of the ``agg`` / ``mode`` argument."""
 
 LOG_RATIO_CLAMP = 20.0
@@ -81,7 +81,7 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, num_tokens=None,
-              num_seqs=None) -> Tensor:
+              num_seqs=None, norm_length=None) -> Tensor:
     """Reduce a per-token loss to a scalar over the valid tokens.
 
     Modes:
@@ -95,6 +95,18 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, num_tokens=None,
         least one valid token, ``S`` = their number (every response weighs the
         same); ``num_seqs`` replaces ``S`` in the same way.
 
+        ``'seq-mean-token-sum-norm'``: ``sum_{i,t} m_it l_it / (S * L)`` with a
+        CONSTANT ``L = norm_length`` (default ``T``, the padded width): Dr.GRPO's
+        aggregation (Liu et al. 2025, arXiv 2503.20783; verl's mode of the same
+        name), which removes the ``1/|o_i|`` length bias of the per-response mean.
+        Dr.GRPO takes ``L`` = the generation length cap; pass it, since ``T``
+        changes with every micro-batch. ``S`` and ``num_seqs`` as above.
+
+        With micro-batches and data-parallel ranks, pass the counts of the whole
+        minibatch over ALL ranks: the micro-batch losses then sum, over
+        micro-batches and ranks, to the loss of one big batch (the caller undoes
+        the data-parallel gradient averaging, see ``RLTrainLoop``).
+
     Denominators are clamped to at least 1, so an empty mask gives exactly 0.
 
     Args:
@@ -103,6 +115,8 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, num_tokens=None,
         mode: One of :data:`AGG_MODES`.
         num_tokens: Optional token-mean denominator (number >= 0 or tensor).
         num_seqs: Optional seq-mean denominator (number >= 0 or tensor).
+        norm_length: ``L`` of ``'seq-mean-token-sum-norm'`` (number > 0); ignored
+            by the other modes.
 
     Returns:
         0-dim loss tensor (dtype of ``per_token``).
@@ -119,9 +133,14 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, num_tokens=None,
     counts = valid.sum(dim=-1).to(per_token.dtype)  # (N,)
     if mode == 'token-mean':
         return masked.sum() / _denominator(num_tokens, counts.sum(), 'num_tokens')
-    seq_means = masked.sum(dim=-1) / counts.clamp(min=1)  # (N,), 0 for empty rows
     n_seqs = (counts > 0).sum().to(per_token.dtype)
-    return seq_means.sum() / _denominator(num_seqs, n_seqs, 'num_seqs')
+    seqs = _denominator(num_seqs, n_seqs, 'num_seqs')
+    if mode == 'seq-mean-token-sum-norm':
+        length = per_token.shape[-1] if norm_length is None else check_number(
+            'norm_length', norm_length, 0.0, low_open=True)
+        return masked.sum() / (seqs * max(length, 1))
+    seq_means = masked.sum(dim=-1) / counts.clamp(min=1)  # (N,), 0 for empty rows
+    return seq_means.sum() / seqs
 
 
 class PolicyInputs(NamedTuple):

@@ -70,7 +70,7 @@ class CISPOLoss:
 
     Call:
         ``loss(logprobs, old_logprobs, advantages, mask, *, num_tokens=None,
-        num_seqs=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
+        num_seqs=None, norm_length=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
         ``mask`` of shape ``(N, T)`` and ``advantages`` ``(N,)`` or ``(N, T)``;
         ``old_logprobs`` and ``advantages`` are treated as constants.
         Metrics (detached 0-dim tensors): ``loss/pg``, ``ratio/mean|max|min``,
@@ -90,13 +90,13 @@ class CISPOLoss:
                 f'eps_high={self.eps_high}, agg={self.agg!r})')
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None,
-                 num_seqs=None) -> tuple[Tensor, dict[str, Tensor]]:
+                 mask: Tensor, *, num_tokens=None, num_seqs=None,
+                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
         """Compute the loss; see the class docstring for shapes and metrics."""
         inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
         per_token, low, high = cispo_per_token(inp.logprobs, inp.ratio, inp.advantages,
                                                self.eps_low, self.eps_high)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
+        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
         metrics = ratio_metrics(inp, loss)
         metrics.update(flag_fractions(inp, clipfrac=low | high, clipfrac_low=low,
                                       clipfrac_high=high))

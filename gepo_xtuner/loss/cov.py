@@ -160,8 +160,8 @@ class ClipCovLoss(_CovLossBase):
         return torch.rand(like.shape, device=like.device, generator=gen)
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None,
-                 num_seqs=None) -> tuple[Tensor, dict[str, Tensor]]:
+                 mask: Tensor, *, num_tokens=None, num_seqs=None,
+                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
         """Compute the loss; see the class docstring for shapes and metrics."""
         inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
         base, clipped, low, high = self._base(inp)
@@ -176,7 +176,7 @@ class ClipCovLoss(_CovLossBase):
         keys = torch.where(cand, self._uniform(cov), torch.full_like(cov, 2.0))
         selected = cand & (_ranks(keys, descending=False) < n)
         per_token = torch.where(selected, torch.zeros_like(base), base)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
+        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
         return loss, self._metrics(inp, loss, (clipped, low, high), selected)
 
 
@@ -232,8 +232,8 @@ class KLCovLoss(_CovLossBase):
         return -inp.advantages * inp.ratio, none, none, none
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None,
-                 num_seqs=None) -> tuple[Tensor, dict[str, Tensor]]:
+                 mask: Tensor, *, num_tokens=None, num_seqs=None,
+                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
         """Compute the loss; see the class docstring for shapes and metrics."""
         inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
         base, clipped, low, high = self._base(inp)
@@ -244,7 +244,7 @@ class KLCovLoss(_CovLossBase):
         selected = inp.mask & (_ranks(keys, descending=True) < k)
         penalty = self.ppo_kl_coef * (inp.logprobs - inp.old_logprobs).abs()
         per_token = base + torch.where(selected, penalty, torch.zeros_like(penalty))
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
+        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
         metrics = self._metrics(inp, loss, (clipped, low, high), selected)
         metrics['loss/kl_cov_penalty'] = masked_mean(penalty.detach(), selected)
         return loss, metrics

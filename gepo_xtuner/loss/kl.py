@@ -36,17 +36,17 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 
 def reference_kl_loss(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, agg: str,
-                      num_tokens=None, num_seqs=None) -> Tensor:
+                      num_tokens=None, num_seqs=None, norm_length=None) -> Tensor:
     """``k3`` KL to the reference, reduced like the policy loss (:func:`aggregate`).
 
     Args:
         logprobs, ref_logprobs: ``(N, T)``, see :func:`kl_k3`.
         mask: ``(N, T)`` valid response tokens.
-        agg, num_tokens, num_seqs: as for the policy loss, so that micro-batches
+        agg, num_tokens, num_seqs, norm_length: as for the policy loss, so that micro-batches
             sum to the minibatch value.
 
     Returns:
         0-dim tensor ``>= 0``.
     """
     per_token = torch.where(mask.bool(), kl_k3(logprobs, ref_logprobs), 0)
-    return aggregate(per_token, mask, agg, num_tokens, num_seqs)
+    return aggregate(per_token, mask, agg, num_tokens, num_seqs, norm_length)

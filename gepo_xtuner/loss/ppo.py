@@ -69,7 +69,7 @@ class PPOClipLoss:
 
     Call:
         ``loss(logprobs, old_logprobs, advantages, mask, *, num_tokens=None,
-        num_seqs=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
+        num_seqs=None, norm_length=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
         ``mask`` of shape ``(N, T)`` and ``advantages`` ``(N,)`` or ``(N, T)``;
         ``old_logprobs`` and ``advantages`` are treated as constants.
         ``num_tokens`` / ``num_seqs`` override the aggregation denominators.
@@ -93,8 +93,8 @@ class PPOClipLoss:
                 f'{self.clip_high}, dual_clip={self.dual_clip}, agg={self.agg!r})')
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None,
-                 num_seqs=None) -> tuple[Tensor, dict[str, Tensor]]:
+                 mask: Tensor, *, num_tokens=None, num_seqs=None,
+                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
         """Compute the loss; see the class docstring for shapes and metrics."""
         inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
         adv = inp.advantages
@@ -106,7 +106,7 @@ class PPOClipLoss:
             per_token = torch.where(dual, bound, per_token)
         else:
             dual = torch.zeros_like(inp.mask)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs)
+        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
         metrics = ratio_metrics(inp, loss)
         metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
                                       clipfrac_high=high, dual_clipfrac=dual))

@@ -40,7 +40,13 @@ class RLPolicy(BaseModel):
         old_logprobs: ``(B, R)`` behaviour-policy logprobs (loss mode).
         advantages: ``(B,)`` (loss mode).
         num_tokens, num_seqs: optional scalars, the aggregation denominators of
-            the whole minibatch when it is split into micro-batches.
+            the whole minibatch (over all ranks) when it is split into
+            micro-batches.
+        norm_length: optional scalar, the constant length of the
+            ``'seq-mean-token-sum-norm'`` aggregation (Dr.GRPO).
+        temperature: optional sampling temperature ``tau``: logprobs (and
+            entropies) are those of ``softmax(logits / tau)``, the distribution
+            the responses were sampled from. Default 1.
         mm_inputs: optional dict of the rows' multimodal tensors as the processor
             names them (``pixel_values``, ``image_grid_thw``, ...), concatenated
             along dim 0 in row order (:mod:`gepo_xtuner.ops.multimodal`); passed to
@@ -153,10 +159,14 @@ class RLPolicy(BaseModel):
 
     def response_logprobs(self, inputs: dict[str, Any], with_entropy: bool = False
                           ) -> tuple[Tensor, Tensor | None]:
-        """Logprobs ``(B, R)`` of the response tokens, and optionally their entropy."""
+        """Logprobs ``(B, R)`` of the response tokens, and optionally their entropy.
+
+        Both refer to ``softmax(logits / inputs['temperature'])`` (default 1).
+        """
         width = inputs['response_mask'].shape[1]
-        logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
-                                      inputs.get('mm_inputs'))
+        logits = tempered(self.response_logits(inputs['input_ids'], inputs['attention_mask'],
+                                               width, inputs.get('mm_inputs')),
+                          inputs.get('temperature'))
         logprobs = gather_logprobs(logits, inputs['input_ids'][:, -width:])
         entropy = None
         if with_entropy:
@@ -175,11 +185,13 @@ class RLPolicy(BaseModel):
         loss, metrics = self.policy_loss(logprobs, inputs['old_logprobs'], inputs['advantages'],
                                          inputs['response_mask'],
                                          num_tokens=inputs.get('num_tokens'),
-                                         num_seqs=inputs.get('num_seqs'))
+                                         num_seqs=inputs.get('num_seqs'),
+                                         norm_length=inputs.get('norm_length'))
         if self.kl_coef > 0:
             kl = reference_kl_loss(logprobs, self.reference_logprobs(inputs),
                                    inputs['response_mask'], self.policy_loss.agg,
-                                   inputs.get('num_tokens'), inputs.get('num_seqs'))
+                                   inputs.get('num_tokens'), inputs.get('num_seqs'),
+                                   inputs.get('norm_length'))
             loss = loss + self.kl_coef * kl
             metrics['loss/kl_ref'] = kl.detach()
         return {'loss': loss, **metrics}
@@ -194,7 +206,8 @@ class RLPolicy(BaseModel):
         width = inputs['response_mask'].shape[1]
         logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
                                       inputs.get('mm_inputs'), model=ref)
-        return gather_logprobs(logits, inputs['input_ids'][:, -width:])
+        return gather_logprobs(tempered(logits, inputs.get('temperature')),
+                               inputs['input_ids'][:, -width:])
 
     def parse_losses(self, losses: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss is ``losses['loss']``; every other entry is a detached metric.
@@ -204,6 +217,16 @@ class RLPolicy(BaseModel):
         """
         log_vars = OrderedDict((k, v.detach().float()) for k, v in losses.items())
         return losses['loss'], log_vars
+
+
+def tempered(logits: Tensor, temperature: Any) -> Tensor:
+    """``logits / temperature`` (unchanged for None or 1): the sampled distribution's logits."""
+    if temperature is None:
+        return logits
+    tau = float(temperature)
+    if tau <= 0:
+        raise ValueError(f'temperature must be > 0 to score samples, got {tau}')
+    return logits if tau == 1.0 else logits / tau
 
 
 def check_local_dir(what: str, path: str) -> None:

@@ -57,7 +57,8 @@ def concat_mm_inputs(items: Sequence[Mapping[str, Tensor]]) -> MMInputs:
                 f'multimodal input {key!r} has per-prompt shapes '
                 f'{sorted({tuple(p.shape) for p in parts})} that do not concatenate along dim 0; '
                 'this processor pads images per batch, so use one response per forward: '
-                'train_cfg.micro_batch_size=1 and train_cfg.logprob_batch_size=1')
+                'train_cfg.max_tokens_per_micro_batch=1 and '
+                'train_cfg.logprob_max_tokens_per_micro_batch=1')
         out[key] = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out
 

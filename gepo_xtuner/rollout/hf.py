@@ -30,7 +30,9 @@ class HFRolloutBackend(RolloutBackend):
     batch. A processor whose tensors do not concatenate (per-batch padding) gets one
     prompt per ``generate`` call instead. A vision-language model never samples its
     image / video placeholder tokens (``suppress_tokens``): the trainer could not score
-    a response holding one. The returned logprobs stay those of the raw distribution.
+    a response holding one. The returned logprobs are those of ``softmax(logits /
+    temperature)``, the distribution sampled from (before the suppression, as the
+    trainer scores them).
 
     Args:
         batch_size: sequences per ``generate`` call (memory bound).
@@ -104,6 +106,8 @@ class HFRolloutBackend(RolloutBackend):
                                   generation_config=config, **mm)
         generated = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # raw logits, (B, S, V)
+        if not greedy and params.temperature != 1.0:  # the distribution sampled from
+            logits = logits / params.temperature
         logprobs = gather_logprobs(logits, generated).cpu()
         return [self._trim(ids, lps, params)
                 for ids, lps in zip(generated.cpu().tolist(), logprobs)]

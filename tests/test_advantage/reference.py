@@ -87,21 +87,39 @@ class ReferenceGEPO:
 
 
 class ReferenceAEPO:
-    """Loop implementation of the AEPO gate with hysteresis."""
+    """Loop implementation of the AEPO gate as the authors' code states it.
 
-    def __init__(self, entropy_low, entropy_high, eps=1e-8):
-        self.lo, self.hi, self.eps, self.on = entropy_low, entropy_high, eps, False
+    Batch entropy: token-mean of the per-token entropies (``-logprobs`` when the
+    batch has no full-vocabulary entropies). Gate on when ``lo < H < hi``
+    (``'band'``), or on above ``hi`` / off below ``lo`` (``'hysteresis'``). When on,
+    only responses with positive advantage and positive reward are kept.
+    """
+
+    def __init__(self, entropy_low, entropy_high=None, gate='band', eps=1e-8):
+        self.lo, self.eps, self.gate, self.on = entropy_low, eps, gate, False
+        self.hi = math.inf if entropy_high is None else entropy_high
 
     def step(self, batch):
+        """Returns ``(advantages, keep)`` as lists."""
         adv = base_advantages(batch, 'GRPOAdvantage', self.eps)
-        lp, mask = batch.logprobs.tolist(), batch.mask.tolist()
-        per_seq = []
-        for row, m in zip(lp, mask):
-            toks = [-v for v, k in zip(row, m) if k]
-            if toks:
-                per_seq.append(sum(toks) / len(toks))
-        if not per_seq:
-            return adv
+        values = batch.entropies if batch.entropies is not None else -batch.logprobs
+        toks = [v for row, m in zip(values.tolist(), batch.mask.tolist())
+                for v, k in zip(row, m) if k]
+        keep = [True] * len(adv)
+        if not toks:
+            return adv, keep
+        ent = sum(toks) / len(toks)
+        if self.gate == 'band':
+            self.on = self.lo < ent < self.hi
+        elif not self.on and ent > self.hi:
+            self.on = True
+        elif self.on and ent < self.lo:
+            self.on = False
+        if self.on:
+            rewards = batch.rewards.tolist()
+            keep = [a > 0 and r > 0 for a, r in zip(adv, rewards)]
+            adv = [a if k else 0.0 for a, k in zip(adv, keep)]
+        return adv, keep
         ent = sum(per_seq) / len(per_seq)
         if not self.on and ent > self.hi:
             self.on = True

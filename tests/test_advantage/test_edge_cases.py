@@ -129,6 +129,10 @@ def test_gepo_config_validation(cfg, match):
 def test_aepo_config_validation():
     with pytest.raises(ValueError, match='entropy_low <= entropy_high'):
         ADVANTAGES.build(dict(type='AEPOAdvantage', entropy_low=0.9, entropy_high=0.1))
+    with pytest.raises(ValueError, match='gate must be one of'):
+        ADVANTAGES.build(dict(type='AEPOAdvantage', gate='sometimes'))
+    with pytest.raises(ValueError, match='needs entropy_high'):
+        ADVANTAGES.build(dict(type='AEPOAdvantage', gate='hysteresis'))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

@@ -92,15 +92,37 @@ def test_gepo_shapes_exactly_the_paper_cases():
 
 
 @pytest.mark.parametrize('seed', range(30))
-def test_aepo_matches_reference(seed, make_batch):
+@pytest.mark.parametrize('gate', ['band', 'hysteresis'])
+def test_aepo_matches_reference(seed, gate, make_batch):
     rng = random.Random(5000 + seed)
     lo = rng.uniform(0.2, 1.5)
-    cfg = dict(entropy_low=lo, entropy_high=lo + rng.uniform(0, 0.8))
+    high = lo + rng.uniform(0, 0.8) if gate == 'hysteresis' or seed % 2 else None
+    cfg = dict(entropy_low=lo, entropy_high=high, gate=gate)
     proc = ADVANTAGES.build(dict(type='AEPOAdvantage', **cfg))
     ref = ReferenceAEPO(**cfg)
     state = proc.init_state()
-    for _ in range(6):
+    for i in range(6):
         batch = make_batch(rng)
+        if i % 2:  # full-vocabulary entropies, as the training loop passes them
+            batch.entropies = torch.rand(batch.mask.shape, generator=torch.Generator().manual_seed(i)) * 2
         out = proc(batch, state)
-        assert_close(out.advantages.tolist(), ref.step(batch))
+        ref_adv, ref_keep = ref.step(batch)
+        assert_close(out.advantages.tolist(), ref_adv)
         assert state.positive_only == ref.on
+        keep = out.keep.tolist() if out.keep is not None else [True] * len(ref_keep)
+        assert keep == ref_keep
+
+
+def test_aepo_removes_non_positive_samples_when_the_gate_is_on():
+    # two groups; rewards (1, 0) and (2, 2): only the first group's winner stays
+    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0, 2.0, 2.0]),
+                         group_ids=torch.tensor([0, 0, 1, 1]),
+                         logprobs=torch.full((4, 2), -1.0), mask=torch.ones(4, 2, dtype=torch.bool),
+                         entropies=torch.full((4, 2), 0.9))
+    proc = ADVANTAGES.build(dict(type='AEPOAdvantage', entropy_low=0.5))
+    out = proc(batch, proc.init_state())
+    assert out.keep.tolist() == [True, False, False, False]
+    assert out.metrics['aepo/batch_entropy'] == pytest.approx(0.9)  # entropies, not -logprobs
+    assert out.advantages[1:].abs().sum() == 0
+    quiet = ADVANTAGES.build(dict(type='AEPOAdvantage', entropy_low=0.95))
+    assert quiet(batch, quiet.init_state()).keep is None  # gate off: every row trains

@@ -11,10 +11,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Small, fast settings for CI-sized machines (B=4 prompts x K=4 responses per step).
+# Small, fast settings for CI-sized machines (B=4 prompts x K=4 responses per step, two
+# optimizer steps of several accumulated micro-batches each).
 FAST = [
     'train_dataloader.batch_size=4', 'train_cfg.num_responses=4', 'train_cfg.minibatch_size=8',
     'train_cfg.sampling.max_new_tokens=6', 'train_cfg.val.interval=2',
+    # ~2-3 micro-batches per minibatch of 8 rows (prompts ~8 tokens, responses <= 6)
+    'train_cfg.max_tokens_per_micro_batch=48',
     'default_hooks.checkpoint.interval=2', 'train_cfg.rewards.default.type=ShortAnswerReward',
 ]
 

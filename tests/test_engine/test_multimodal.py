@@ -99,7 +99,7 @@ def test_row_selections_carry_exactly_their_images_patches():
 
 
 def test_batches_refuse_image_tensors_that_do_not_stack():
-    with pytest.raises(ValueError, match='micro_batch_size=1 and train_cfg.logprob_batch_size=1'):
+    with pytest.raises(ValueError, match='max_tokens_per_micro_batch=1 and '):
         concat_mm_inputs([{'pixel_values': torch.zeros(1, 3, 8, 8)},
                           {'pixel_values': torch.zeros(1, 3, 8, 16)}])
 
@@ -265,10 +265,9 @@ def test_multimodal_rl_steps_through_xtuner_train(vl_dir, tmp_path):
                      model_class='{VL_CLASS}', policy_loss={LOSS!r})
         train_dataloader = dict(batch_size=4, dataset=dict(path='{data}'))
         train_cfg = dict(
-            max_steps=3, num_responses=4, minibatch_size=8, micro_batch_size=4,
-            logprob_batch_size=6, val=None, sampling=dict(max_new_tokens=6),
+            max_steps=3, num_responses=4, minibatch_size=8, max_tokens_per_micro_batch=200,
+            logprob_max_tokens_per_micro_batch=1, val=None, sampling=dict(max_new_tokens=6),
             rewards=dict(default=dict(_delete_=True, type='ShortAnswerReward', max_len=5)))
-        optim_wrapper = dict(accumulative_counts=2)
         default_hooks = dict(checkpoint=dict(interval=3))
     """))
     work = tmp_path / 'run'
@@ -288,6 +287,7 @@ def test_multimodal_rl_steps_through_xtuner_train(vl_dir, tmp_path):
                     'entropy/group/count', 'loss/pg'):
             assert key in row and math.isfinite(row[key]), (step, key)
     assert any(0 < logged[s]['reward/mean'] < 1 for s in (1, 2, 3))  # there was signal
+    assert all(logged[s]['optim/micro_batches'] > 1 for s in (1, 2, 3))  # accumulated
 
     before = load_file(vl_dir / 'model' / 'model.safetensors')
     after = torch.load(work / 'iter_3.pth', map_location='cpu', weights_only=False)['state_dict']

@@ -61,6 +61,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
     assert 1 not in b and 2 not in b, 'the resumed run re-ran finished steps'
     for step in (3, 4):
         assert comparable(a[step]) == comparable(b[step]), step
+        assert a[step]['optim/steps'] == 2 and a[step]['optim/micro_batches'] > 1, a[step]
     torch.testing.assert_close(load_ckpt(full / 'iter_4.pth')['state_dict'],
                                load_ckpt(resumed / 'iter_4.pth')['state_dict'], rtol=0, atol=0)
 

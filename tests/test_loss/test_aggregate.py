@@ -29,6 +29,12 @@ def ref_aggregate(values, mask, mode, num_tokens=None, num_seqs=None):
             for t, m in enumerate(row):
                 if m:
                     weights[i][t] = 1.0 / max(denom, 1)
+    elif mode == 'seq-mean-token-sum-norm':  # Dr.GRPO: constant length L = T
+        n_seqs = num_seqs if num_seqs is not None else sum(1 for row in mask if any(row))
+        for i, row in enumerate(mask):
+            for t, m in enumerate(row):
+                if m:
+                    weights[i][t] = 1.0 / (max(n_seqs, 1) * len(row))
     else:
         n_seqs = num_seqs if num_seqs is not None else sum(1 for row in mask if any(row))
         for i, row in enumerate(mask):
@@ -109,6 +115,20 @@ def test_empty_mask_is_zero_and_backward_works(mode, override):
     assert loss.requires_grad
     loss.backward()
     assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_token_sum_norm_uses_the_constant_length_not_the_padded_width():
+    x, m = torch.randn(4, 6), torch.rand(4, 6) < 0.6
+    m[0, 0] = True
+    wide = torch.cat([x, torch.randn(4, 5)], 1)  # more padding must change nothing
+    wide_m = torch.cat([m, torch.zeros(4, 5, dtype=torch.bool)], 1)
+    a = aggregate(x, m, 'seq-mean-token-sum-norm', norm_length=32)
+    b = aggregate(wide, wide_m, 'seq-mean-token-sum-norm', norm_length=32)
+    n_seqs = m.any(1).sum()
+    assert a.item() == pytest.approx(b.item())
+    assert a.item() == pytest.approx((x[m].sum() / (n_seqs * 32)).item())
+    with pytest.raises(ValueError, match='norm_length'):
+        aggregate(x, m, 'seq-mean-token-sum-norm', norm_length=0)
 
 
 def test_bad_mode_lists_valid_modes():

@@ -129,7 +129,8 @@ def test_paper_settings_section_3_1(path, monkeypatch):
     assert loop.sampling.top_k == 0
     assert cfg.train_dataloader.batch_size * 8 == 256  # "batch size of 256" (prompts)
     assert loop.minibatch_size * 8 == 32 * 16  # "minibatch size of 32" (prompts)
-    assert cfg.optim_wrapper.accumulative_counts == loop.minibatch_size // loop.micro_batch_size
+    assert 'accumulative_counts' not in cfg.optim_wrapper  # the loop accumulates
+    assert loop.max_tokens_per_micro_batch in (20480, 30720)
     assert cfg.model.torch_dtype == 'bfloat16'
     assert loop.rollout.type == 'LMDeployRolloutBackend'
     assert loop.rollout.weight_sync == dict(mode='ipc')
@@ -229,11 +230,13 @@ def test_a_bad_hyperparameter_fails_with_the_processors_message(locations):
     assert 'gepo_tiny_cpu.py: train_cfg.advantage' in proc.stderr  # CONFIG: problem
 
 
-def test_micro_batches_must_match_gradient_accumulation(locations):
+def test_wrapper_accumulation_and_fixed_micro_batches_are_refused(locations):
     proc = check(ROOT / 'configs' / 'gepo_intern_s1_mini.py', '--world-size', '8',
-                 '--cfg-options', 'train_cfg.micro_batch_size=4', env=locations)
-    assert ('optim_wrapper.accumulative_counts: is 64, must be minibatch_size // '
-            'micro_batch_size = 16') in proc.stdout
+                 '--cfg-options', 'train_cfg.micro_batch_size=4',
+                 'optim_wrapper.accumulative_counts=16', env=locations)
+    assert ('optim_wrapper.accumulative_counts: is 16: the RL loop accumulates gradients '
+            'itself') in proc.stdout
+    assert 'train_cfg.micro_batch_size: no longer exists' in proc.stdout
 
 
 def test_a_misspelt_argument_is_named(locations, tmp_path):

@@ -14,3 +14,6 @@ policy_loss = dict(
     importance='cispo',
     eps_low=1.0,
     eps_high=4.0)
+# the authors' token budget per GPU micro-batch (recipe/dapo/7b_clip_cov.sh, use_dynamic_bsz):
+# Clip-Cov's covariance is centred over the tokens of one micro-batch
+micro_batch_tokens = 20480

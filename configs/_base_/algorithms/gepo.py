@@ -13,3 +13,5 @@ advantage = dict(
 
 # CISPO bounds: no lower bound (eps_low=1 -> weight >= 0), upper bound 1 + eps_high.
 policy_loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0, agg='token-mean')
+# tokens per forward/backward micro-batch (memory; not in the paper)
+micro_batch_tokens = 20480

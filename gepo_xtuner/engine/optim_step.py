@@ -1,0 +1,113 @@
+"""One optimizer step over several micro-batches, with the accumulation in plain sight.
+
+mmengine's ``OptimWrapper.update_params`` decides by its own iteration counters
+when to step and by what to divide the loss; the Runner initialises those
+counters in RL steps, not micro-batches, so they drift out of line with
+minibatches (and after ``--resume``). The RL loop therefore never lets the wrapper
+count: for each minibatch it calls :func:`optimizer_step`, which runs
+
+    zero_grad
+    for each micro-batch: forward (no gradient sync except on the last) + backward
+    step (gradient clipping, optimizer)
+
+The losses are normalised by the caller (by the whole minibatch's token count
+over all ranks), so nothing here divides by a number of micro-batches.
+"""
+
+from collections.abc import Sequence
+from contextlib import ExitStack, nullcontext
+from typing import Any
+
+import torch
+from mmengine.model import is_model_wrapper
+from torch import Tensor
+
+__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step']
+
+
+def is_deepspeed(optim_wrapper: Any) -> bool:
+    """Whether ``optim_wrapper`` is mmengine's ``DeepSpeedOptimWrapper`` (``--deepspeed``)."""
+    return type(optim_wrapper).__name__ == 'DeepSpeedOptimWrapper'
+
+
+def check_accumulation(optim_wrapper: Any) -> None:
+    """Refuses an optimizer wrapper that would accumulate gradients by itself.
+
+    Accepts the built wrapper or its config dict (the Runner builds the loop
+    before the wrapper).
+
+    Raises:
+        ValueError: when ``accumulative_counts`` is not 1, saying what to set.
+    """
+    if isinstance(optim_wrapper, dict):
+        counts = optim_wrapper.get('accumulative_counts', 1)
+    else:
+        counts = getattr(optim_wrapper, '_accumulative_counts', 1)
+    if counts != 1:
+        raise ValueError(
+            f'optim_wrapper.accumulative_counts is {counts}: RLTrainLoop accumulates gradients '
+            'itself, one optimizer step per minibatch over micro-batches formed by '
+            'train_cfg.max_tokens_per_micro_batch; remove accumulative_counts from '
+            'optim_wrapper (or set it to 1)')
+
+
+def _sync_context(model: torch.nn.Module, sync: bool) -> Any:
+    """DDP's ``no_sync`` on all but the last micro-batch: one gradient all-reduce per step."""
+    if not sync and hasattr(model, 'no_sync'):
+        return model.no_sync()
+    return nullcontext()
+
+
+def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Sequence[dict],
+                   loss_scale: float = 1.0) -> tuple[list[dict[str, Tensor]], float | None]:
+    """Accumulates the gradients of ``micro_inputs``, then takes one optimizer step.
+
+    Args:
+        model: the (possibly DDP-wrapped) :class:`~gepo_xtuner.model.RLPolicy`.
+        optim_wrapper: mmengine ``OptimWrapper`` / ``AmpOptimWrapper`` built with
+            ``accumulative_counts=1`` (see :func:`check_accumulation`), or a
+            ``DeepSpeedOptimWrapper``.
+        micro_inputs: the ``inputs`` dict of each micro-batch (``RLPolicy.forward``'s
+            loss mode); at least one. Every micro-batch's loss must already be
+            normalised by the whole minibatch.
+        loss_scale: multiplies every loss before backward. Data-parallel wrappers
+            AVERAGE gradients over ranks; the loop passes the world size so that
+            the result is the gradient of the global sum.
+
+    Returns:
+        ``(log_vars, grad_norm)``: each micro-batch's detached outputs
+        (``RLPolicy.parse_losses``) and the gradient norm before clipping if the
+        wrapper clips (else None).
+    """
+    if not micro_inputs:
+        raise ValueError('optimizer_step needs at least one micro-batch')
+    policy = model.module if is_model_wrapper(model) else model
+    deepspeed = is_deepspeed(optim_wrapper)
+    optim_wrapper.zero_grad()
+    logs = []
+    for j, inputs in enumerate(micro_inputs):
+        last = j == len(micro_inputs) - 1
+        data = policy.data_preprocessor(dict(inputs=inputs), training=True)
+        with ExitStack() as stack:
+            if not deepspeed:
+                stack.enter_context(_sync_context(model, sync=last))
+            stack.enter_context(optim_wrapper.optim_context(model))
+            losses = model(**data, mode='loss')
+            loss, log_vars = policy.parse_losses(losses)
+            if deepspeed:
+                # DeepSpeed reduces at the boundary we name; with gradient_accumulation_steps
+                # 1 (accumulative_counts 1) its backward does not rescale the loss.
+                optim_wrapper.model.set_gradient_accumulation_boundary(last)
+                optim_wrapper.backward(loss * loss_scale)
+                optim_wrapper.step()  # steps only at the boundary
+            else:
+                optim_wrapper.backward(loss * loss_scale)
+        logs.append(log_vars)
+    if deepspeed:
+        return logs, None
+    optim_wrapper.step()  # clips (and records the norm) if clip_grad is configured
+    optim_wrapper.zero_grad()
+    hub = optim_wrapper.message_hub
+    if getattr(optim_wrapper, 'clip_grad_kwargs', None) and 'train/grad_norm' in hub.log_scalars:
+        return logs, float(hub.get_scalar('train/grad_norm').current())
+    return logs, None
