@@ -67,7 +67,7 @@ class _CovLossBase:
 
     @staticmethod
     def _metrics(inp: PolicyInputs, loss: Tensor, flags: tuple[Tensor, ...],
-                 selected: Tensor) -> dict[str, Tensor]:
+                 selected: Tensor, cov: Tensor) -> dict[str, Tensor]:
         metrics = ratio_metrics(inp, loss)
         clipped, low, high = flags
         metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
@@ -76,6 +76,8 @@ class _CovLossBase:
         n_sel = selected.sum().to(dtype)
         metrics['loss/cov_tokens'] = n_sel
         metrics['loss/cov_frac'] = n_sel / inp.mask.sum().to(dtype).clamp(min=1)
+        # 0 exactly when the centring set is degenerate (e.g. one response: A - mean A = 0)
+        metrics['loss/cov_abs_mean'] = masked_mean(cov.abs(), inp.mask).detach()
         return metrics
 
 
@@ -88,7 +90,7 @@ class ClipCovLoss(_CovLossBase):
 
         C = {t valid : clip_cov_lb < cov_t < clip_cov_ub}
               minus the tokens clipped by the PPO clip ('ratio' mode only)
-        n = max(1, round(clip_cov_ratio * N_valid))
+        n = max(1, floor(clip_cov_ratio * N_valid))
         S = min(n, |C|) tokens of C drawn uniformly without replacement
         l_t = 0 for t in S, else base_t
 
@@ -98,8 +100,7 @@ class ClipCovLoss(_CovLossBase):
     1 - clip_low, 1 + clip_high))`` used by the authors, or ``'cispo'``:
     ``-sg(clip(rho, max(0, 1 - eps_low), 1 + eps_high)) * A * logp`` as in
     :class:`CISPOLoss` (the GEPO paper applies CISPO-style weight clipping to all
-    baselines). The authors' code takes ``n = max(1, floor(...))``; rounding
-    differs by at most one token.
+    baselines). ``n`` is counted as in the authors' code (floor, at least one).
 
     Defaults reproduce the authors' Qwen2.5-7B recipe: ``clip_cov_ratio=2e-4``,
     ``clip_cov_lb=1``, ``clip_cov_ub=5`` and a PPO clip of 1 on both sides
@@ -127,7 +128,8 @@ class ClipCovLoss(_CovLossBase):
         Same as :class:`PPOClipLoss`. Metrics (detached 0-dim tensors):
         ``loss/pg``, ``ratio/mean|max|min``, ``loss/approx_kl``,
         ``loss/clipfrac|clipfrac_low|clipfrac_high`` of the base surrogate,
-        ``loss/cov_tokens`` (``|S|``, float) and ``loss/cov_frac`` (``|S| / N_valid``).
+        ``loss/cov_tokens`` (``|S|``, float), ``loss/cov_frac`` (``|S| / N_valid``) and
+        ``loss/cov_abs_mean`` (mean ``|cov_t|``: 0 when the centring set is degenerate).
     """
 
     def __init__(self, clip_cov_ratio: float = 2e-4, clip_cov_lb: float = 1.0,
@@ -170,14 +172,14 @@ class ClipCovLoss(_CovLossBase):
         if self.importance == 'ratio':
             cand = cand & ~clipped
         n_valid = inp.mask.sum().to(cov.dtype)
-        n = torch.round(n_valid * self.clip_cov_ratio).clamp(min=1)
+        n = torch.floor(n_valid * self.clip_cov_ratio).clamp(min=1)
         # Candidates get uniform keys in [0, 1), the rest 2: the first min(n, |C|)
         # ranks are a uniform random subset of C. No host synchronisation needed.
         keys = torch.where(cand, self._uniform(cov), torch.full_like(cov, 2.0))
         selected = cand & (_ranks(keys, descending=False) < n)
         per_token = torch.where(selected, torch.zeros_like(base), base)
         loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        return loss, self._metrics(inp, loss, (clipped, low, high), selected)
+        return loss, self._metrics(inp, loss, (clipped, low, high), selected, cov)
 
 
 @POLICY_LOSSES.register_module()
@@ -187,7 +189,7 @@ class KLCovLoss(_CovLossBase):
     Per call, over the ``N_valid`` valid tokens, with ``cov_t`` as in
     :func:`token_covariance`::
 
-        k   = min(N_valid, max(1, round(kl_cov_ratio * N_valid)))   (0 if N_valid = 0)
+        k   = min(N_valid, max(1, floor(kl_cov_ratio * N_valid)))   (0 if N_valid = 0)
         S   = the k valid tokens with the largest cov_t (ties: first in row-major order)
         l_t = base_t + ppo_kl_coef * |logp_t - logp_old_t|   for t in S
         l_t = base_t                                          otherwise
@@ -195,8 +197,8 @@ class KLCovLoss(_CovLossBase):
     and the loss is ``aggregate(l, mask, agg)``. The base surrogate, with ``rho_t =
     exp(clamp(logp_t - logp_old_t, -20, 20))``, is ``importance='ratio'``: the
     authors' unclipped ``-A rho``, or ``'cispo'``: ``-sg(clip(rho, max(0, 1 -
-    eps_low), 1 + eps_high)) * A * logp`` as in :class:`CISPOLoss`. The authors'
-    code takes ``k = max(1, floor(...))``; rounding differs by at most one token.
+    eps_low), 1 + eps_high)) * A * logp`` as in :class:`CISPOLoss`. ``k`` is
+    counted as in the authors' code (floor, at least one).
 
     Recipe: the authors' Qwen2.5-7B run uses ``kl_cov_ratio=2e-3`` (top 0.2% of
     tokens; 2e-4 for Qwen2.5-32B) and ``ppo_kl_coef=1``, which are the defaults.
@@ -217,7 +219,8 @@ class KLCovLoss(_CovLossBase):
         ``loss/pg``, ``ratio/mean|max|min``, ``loss/approx_kl``,
         ``loss/clipfrac|clipfrac_low|clipfrac_high`` of the base surrogate (always 0
         in ``'ratio'`` mode), ``loss/cov_tokens`` (``k``, float), ``loss/cov_frac``
-        (``k / N_valid``) and ``loss/kl_cov_penalty`` (mean penalty over ``S``).
+        (``k / N_valid``), ``loss/cov_abs_mean`` (mean ``|cov_t|``) and
+        ``loss/kl_cov_penalty`` (mean penalty over ``S``).
     """
 
     def __init__(self, kl_cov_ratio: float = 2e-3, ppo_kl_coef: float = 1.0,
@@ -239,12 +242,12 @@ class KLCovLoss(_CovLossBase):
         base, clipped, low, high = self._base(inp)
         cov = token_covariance(inp)
         n_valid = inp.mask.sum().to(cov.dtype)
-        k = torch.round(n_valid * self.kl_cov_ratio).clamp(min=1).minimum(n_valid)
+        k = torch.floor(n_valid * self.kl_cov_ratio).clamp(min=1).minimum(n_valid)
         keys = torch.where(inp.mask, cov, torch.full_like(cov, -math.inf))
         selected = inp.mask & (_ranks(keys, descending=True) < k)
         penalty = self.ppo_kl_coef * (inp.logprobs - inp.old_logprobs).abs()
         per_token = base + torch.where(selected, penalty, torch.zeros_like(penalty))
         loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        metrics = self._metrics(inp, loss, (clipped, low, high), selected)
+        metrics = self._metrics(inp, loss, (clipped, low, high), selected, cov)
         metrics['loss/kl_cov_penalty'] = masked_mean(penalty.detach(), selected)
         return loss, metrics
