@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import FAST, ROOT, write_config
+from .conftest import FAST, ROOT, scalars, write_config
 
 
 def test_two_process_gloo_run_has_identical_thresholds_on_both_ranks(tmp_path, tiny_dir):
@@ -37,3 +37,35 @@ def test_two_process_gloo_run_has_identical_thresholds_on_both_ranks(tmp_path, t
         assert a['state']['num_updates'] == a['step']
     assert rows[0][0]['num_prompts'] == 4  # each rank drew its own batch of B prompts
     assert 'Iter(train) [3/3]' in out
+
+
+def test_two_ranks_with_every_response_removed_still_step_together(tmp_path, tiny_dir):
+    """AEPO's gate removes all rows on both ranks; every minibatch runs an empty micro-batch.
+
+    ``entropy_low=0`` keeps the gate on and a reward that is always 0 leaves no
+    response with positive advantage, so nothing is trained on: the two ranks must
+    still meet in every gradient all-reduce (no hang) and the weights stay put.
+    """
+    bin_dir = Path(sys.executable).parent
+    xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(advantage=dict(_delete_=True, type='AEPOAdvantage', entropy_low=0.0))
+    """)
+    work = tmp_path / 'run'
+    env = dict(os.environ, GEPO_TINY_DIR=str(tiny_dir), PYTHONPATH=str(ROOT),
+               NPROC_PER_NODE='2', PORT='29519', OMP_NUM_THREADS='1',
+               PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
+    proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work), '--cfg-options',
+                           *FAST, 'train_cfg.max_steps=2', 'train_cfg.rewards.default.max_len=-1'],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert (work / 'iter_2.pth').exists(), out[-6000:]
+    logged = scalars(work)
+    for step in (1, 2):
+        assert logged[step]['aepo/positive_only'] == 1.0
+        assert logged[step]['optim/rows_trained'] == 0.0 and logged[step]['optim/steps'] == 2
+    from safetensors.torch import load_file
+    import torch
+    before = load_file(tiny_dir / 'model' / 'model.safetensors')
+    after = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=False)['state_dict']
+    assert all(torch.equal(v, after['llm.' + k]) for k, v in before.items())
