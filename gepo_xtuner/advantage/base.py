@@ -111,6 +111,10 @@ class AdvantageProcessor:
     and ignore ``state``.
     """
 
+    #: Fewest responses per prompt that can carry a learning signal (2 for estimators
+    #: that compare a response with its group: one response alone always gets 0).
+    min_group_size: int = 1
+
     def init_state(self) -> Any:
         """A fresh state for this processor, or None if it keeps none."""
         return None
@@ -180,12 +184,15 @@ class AdvantageProcessor:
         num_ent = max(ent.numel(), 1)  # no groups with tokens -> NaN statistics below
         ent_mean = ent.sum() / num_ent if ent.numel() else ent.new_tensor(math.nan)
         ent_std = ((ent - ent_mean)**2).sum().div(num_ent).sqrt()
+        zero = (adv == 0).double()  # responses that carry no gradient signal
         totals = torch.stack([
             adv.mean(), adv.std(correction=0), adv.abs().mean(), low.double().mean(),
-            high.double().mean(), rewards.mean(), ent_mean, ent_std, ent.new_tensor(ent.numel())
+            high.double().mean(), rewards.mean(), ent_mean, ent_std, ent.new_tensor(ent.numel()),
+            zero.mean()
         ]).tolist()
         keys = ('adv/mean', 'adv/std', 'adv/abs_mean', 'shaping/frac_low', 'shaping/frac_high',
-                'reward/mean', 'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens')
+                'reward/mean', 'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens',
+                'adv/frac_zero')
         metrics.update(zip(keys, totals))
         if batch.domain_ids is None:
             return metrics
@@ -203,12 +210,14 @@ class AdvantageProcessor:
         counts = torch.stack([low, high], 1).to(torch.float64)
         per_dom = rewards.new_zeros(d, 2).index_add_(0, dom, counts)
         len_sum = rewards.new_zeros(d).index_add_(0, dom, groups.lengths)
+        zero_sum = rewards.new_zeros(d).index_add_(0, dom, zero)
         table = torch.stack([
             n, r_mean, skew_raw, skew, ng, ent_mean, per_dom[:, 0] / n.clamp_min(1),
-            per_dom[:, 1] / n.clamp_min(1), len_sum / n.clamp_min(1)
+            per_dom[:, 1] / n.clamp_min(1), len_sum / n.clamp_min(1), zero_sum / n.clamp_min(1)
         ], 1).tolist()
         keys = ('count/responses', 'reward/mean', 'adv/skew_raw', 'adv/skew', 'count/groups',
-                'entropy/group', 'shaping/frac_low', 'shaping/frac_high', 'response/length')
+                'entropy/group', 'shaping/frac_low', 'shaping/frac_high', 'response/length',
+                'adv/frac_zero')
         for name, row in zip(names, table):
             if row[0] == 0:
                 continue

@@ -30,6 +30,8 @@ class GRPOAdvantage(AdvantageProcessor):
         eps: added to the std before dividing. Default 1e-8.
     """
 
+    min_group_size = 2
+
     def __init__(self, eps: float = 1e-8) -> None:
         self.eps = _check_eps(eps)
 
@@ -56,6 +58,8 @@ class DrGRPOAdvantage(AdvantageProcessor):
     response or with equal rewards get exactly 0.
     """
 
+    min_group_size = 2
+
     def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
         adv = rewards - segments.broadcast(segments.mean(rewards))
         no_signal = segments.amax(rewards) == segments.amin(rewards)
@@ -72,6 +76,8 @@ class RLOOAdvantage(AdvantageProcessor):
 
     A group of one response has no baseline and gets A = 0; equal rewards give 0.
     """
+
+    min_group_size = 2
 
     def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
         k = segments.counts.to(rewards.dtype)

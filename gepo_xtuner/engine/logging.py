@@ -4,9 +4,12 @@ from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
-SUMMARY = ('reward/mean', 'val/acc', 'entropy/group_mean', 'entropy/policy', 'gepo/h_low',
-           'gepo/h_high', 'shaping/frac_low', 'shaping/frac_high', 'loss/pg', 'loss/clipfrac',
-           'loss/approx_kl', 'perf/gen_tokens_per_sec', 'time/step')
+SUMMARY = ('reward/mean', 'val/acc', 'adv/frac_zero', 'entropy/group_mean', 'entropy/policy',
+           'gepo/h_low', 'gepo/h_high', 'shaping/frac_low', 'shaping/frac_high', 'loss/pg',
+           'loss/clipfrac', 'loss/approx_kl', 'optim/grad_norm', 'perf/gen_tokens_per_sec',
+           'time/step')
+#: What mmengine's own hooks record at every iteration (kept in every step's scalars).
+PER_ITER_KEYS = ('lr', 'time', 'data_time', 'grad_norm')
 
 
 @LOG_PROCESSORS.register_module()
@@ -14,9 +17,14 @@ class RLLogProcessor(LogProcessor):
     """Prints a one-line step summary; the scalar backends receive every metric.
 
     With dozens of per-domain metrics per step, mmengine's default line is
-    unreadable. The tag (what visualizer backends and ``scalars.json`` get) is
-    unchanged; only the printed line is restricted to ``summary_keys`` (those
-    present), plus step counter, learning rate and ETA.
+    unreadable. The printed line is restricted to ``summary_keys`` (those present),
+    plus step counter, learning rate and ETA.
+
+    The tag (what visualizer backends and ``scalars.json`` get) holds only what
+    was measured at this step: the RL loop's metrics of the step
+    (``RLTrainLoop.step_metrics``) and mmengine's per-iteration values. mmengine's
+    message hub keeps every key it has seen, so without this a step without
+    validation (or without a domain in its batch) would repeat the last value.
 
     Args:
         summary_keys: metric names to print.
@@ -33,6 +41,10 @@ class RLLogProcessor(LogProcessor):
         tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)
         if mode != 'train':
             return tag, log_str
+        fresh = getattr(runner.train_loop, 'step_metrics', None)
+        if fresh is not None:
+            tag = {k: v for k, v in tag.items()
+                   if k in fresh or k in PER_ITER_KEYS or k.endswith('lr')}
         head = log_str.split('  lr:')[0].split('  time:')[0]
         parts = [head]
         if 'lr' in tag:
