@@ -7,7 +7,7 @@ TINY_DIR ?= work_dirs/tiny_cpu
 DEMO_WORK_DIR ?= work_dirs/gepo_tiny_cpu
 ANALYSIS_DIR ?= work_dirs/demo_analysis
 
-.PHONY: demo demo-analysis test bench clean-venv
+.PHONY: demo demo-analysis test test-all bench clean-venv
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 required"'
@@ -36,6 +36,10 @@ demo-analysis: $(STAMP)
 	$(PY) tools/analyze_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl --out $(ANALYSIS_DIR)
 
 test: $(STAMP)
+	$(PY) -m pytest -m "not slow"
+
+# everything, including the `slow` tests (smoke runs of every shipped config)
+test-all: $(STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)

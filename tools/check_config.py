@@ -19,6 +19,16 @@ in total, optimizer steps per RL step, loss, rollout backend, world size.
 ``--world-size N`` sets ``WORLD_SIZE`` for loading, as torchrun does for each training
 process (the paper configs split their global batch by it).
 
+Smoke mode, ``--smoke-steps N [--nproc P] [--work-dir DIR]`` (one config): runs N real RL
+steps of the config on CPU through XTuner's training program (``python -m
+xtuner.tools.train``, under torchrun for P > 1), with the model swapped for a tiny random
+one of the same family, a small generated record set for the config's reward domains,
+batches scaled down with the structure kept (K, minibatches per rollout batch,
+micro-batches, P ranks), the in-process ``HFRolloutBackend`` instead of LMDeploy, gloo
+and float32 (see :mod:`gepo_xtuner.smoke`). No weights or data are needed. The last
+stdout line is a JSON object with the last step's logged metrics; on failure the tail
+of the training log is printed and the exit status is 1.
+
 Exit status: 0 if every config passed, 1 if any did not (each problem is printed as
 ``CONFIG: problem``), 2 for a usage error.
 """
@@ -29,6 +39,7 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -291,6 +302,12 @@ class Checker:
                 self.problem('custom_hooks', f'{type(processor).__name__} keeps state across '
                              "steps: add dict(type='GEPOThresholdHook')")
         self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
+        k = loop.get('num_responses', 8)
+        if processor is not None and isinstance(k, int) and k < processor.min_group_size:
+            self.problem('train_cfg.num_responses',
+                         f'is {k}: {type(processor).__name__} compares responses within a '
+                         f'group, so fewer than {processor.min_group_size} learn nothing; set '
+                         'num_responses >= 2')
         try:
             params = SamplingParams(**dict(loop.get('sampling') or {}),
                                     n=loop.get('num_responses', 8))
@@ -470,10 +487,125 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config keys, as with xtuner train')
     parser.add_argument('--json', action='store_true', help='print the reports as JSON')
+    smoke = parser.add_argument_group('smoke mode (N real RL steps on CPU, tiny random model)')
+    smoke.add_argument('--smoke-steps', type=int, default=None, metavar='N',
+                       help='run N RL steps of the config (one config) and print the last '
+                       "step's metrics as JSON")
+    smoke.add_argument('--nproc', type=int, default=1, metavar='P',
+                       help='training processes of the smoke run (default 1)')
+    smoke.add_argument('--work-dir', type=Path, default=None,
+                       help='keep the smoke run (model, data, config, logs) here instead of '
+                       'a temporary directory')
+    smoke.add_argument('--max-new-tokens', type=int, default=12,
+                       help='response token limit of the smoke run (default 12)')
     args = parser.parse_args(argv)
     if args.world_size is not None and args.world_size < 1:
         parser.error(f'--world-size must be >= 1, got {args.world_size}')
+    if args.smoke_steps is not None:
+        if args.smoke_steps < 1 or args.nproc < 1 or args.max_new_tokens < 1:
+            parser.error('--smoke-steps, --nproc and --max-new-tokens must be >= 1')
+        if len(args.configs) != 1:
+            parser.error(f'--smoke-steps runs one config, got {len(args.configs)}')
+        if args.world_size is not None:
+            parser.error('--world-size does not apply to --smoke-steps; use --nproc')
     return args
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for torchrun's rendezvous)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def smoke(args: argparse.Namespace) -> int:
+    """Smoke mode: N real RL steps of one config on CPU (see the module docstring)."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+
+    from mmengine.config import Config
+
+    from gepo_xtuner import smoke as sm
+
+    path: Path = args.configs[0]
+    if not path.is_file():
+        print(f'{path}: no such file', file=sys.stderr)
+        return 1
+    out = args.work_dir or Path(tempfile.mkdtemp(prefix='gepo-smoke-'))
+    out = out.resolve()
+    if args.work_dir is not None and (out / 'run').exists():
+        shutil.rmtree(out / 'run')  # a re-run must not merge old scalars
+    out.mkdir(parents=True, exist_ok=True)
+    # Config variables of the paper and tiny configs point at the smoke model and data.
+    os.environ.update(GEPO_MODEL_PATH=str(out / 'model'), GEPO_DATA_DIR=str(out / 'data'),
+                      GEPO_TINY_DIR=str(out), WORLD_SIZE=str(args.nproc))
+    os.environ.pop('SLURM_NTASKS', None)
+    start = time.perf_counter()
+    try:
+        cfg = Config.fromfile(str(path))
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        plan = sm.prepare_smoke_run(cfg, out, steps=args.smoke_steps, world_size=args.nproc,
+                                    max_new_tokens=args.max_new_tokens)
+    except Exception as exc:  # noqa: BLE001 (report what stops the set-up)
+        print(f'{path}: smoke set-up failed: {type(exc).__name__}: {exc}', file=sys.stderr)
+        return 1
+    g = plan.geometry
+    print(f'== smoke run of {path}: {args.smoke_steps} RL steps, {args.nproc} process(es), '
+          f'CPU, under {out}')
+    print(f'  model family  {plan.family.name} ({plan.family.model_class}): '
+          f'{plan.family.reason}')
+    for what, (before, after) in plan.replaced.items():
+        print(f'  {what:<13} {before} -> {after}')
+    print(f'  batch         K={g.num_responses}; {g.prompts_per_rank} prompts per rank x '
+          f'{g.world_size} = {g.prompts_per_step} per step (config: '
+          f'{g.config["prompts_per_step"]}); minibatch {g.minibatch_size} responses per rank '
+          f'-> {g.minibatches_per_step} optimizer steps per RL step (config: '
+          f'{g.config["minibatches_per_step"]})')
+    micro = (f'max_tokens_per_micro_batch {g.max_tokens_per_micro_batch} (~{g.micro_batches} '
+             f'micro-batches of {g.micro_batch_size} rows x {g.row_tokens} tokens)'
+             if plan.interface == 'tokens' else
+             f'micro_batch_size {g.micro_batch_size} ({g.micro_batches} per minibatch)')
+    print(f'  micro-batches {micro}')
+    print('  records       ' + ', '.join(
+        f'{d}: reward rate {v["reward_rate"]:.2f}, mixed groups {v["mixed_groups"]:.0%}'
+        for d, v in plan.rewards.items()) + f' (tiny policy\'s own samples, seed {plan.seed})')
+    cmd = sm.train_command(sys.executable, plan.config_path, plan.run_dir, args.nproc,
+                           free_port())
+    print(f'  command       {" ".join(cmd)}', flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get('PYTHONPATH')])))
+    env.pop('WORLD_SIZE')  # torchrun sets it per process
+    log = out / 'train.log'
+    with open(log, 'w', encoding='utf-8') as fh:
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, check=False)
+    metrics = sm.step_metrics(plan.run_dir)
+    steps = sorted(s for s in metrics if s > 0)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0 or steps[-1:] != [args.smoke_steps]:
+        tail = log.read_text(encoding='utf-8', errors='replace').splitlines()[-60:]
+        print('\n'.join(tail), file=sys.stderr)
+        print(f'{path}: smoke run FAILED (exit status {proc.returncode}, steps logged '
+              f'{steps}); full log: {log}', file=sys.stderr)
+        return 1
+    for step in steps:
+        row = metrics[step]
+        shown = ', '.join(f'{k}={row[k]:.4g}' for k in (
+            'reward/mean', 'loss/pg', 'loss/cov_tokens', 'loss/kl_cov_penalty',
+            'entropy/policy', 'time/step') if k in row)
+        print(f'  step {step}: {shown}')
+    print(f'  OK in {elapsed:.1f} s; work dir {out}'
+          + ('' if args.work_dir else ' (temporary, removed)'), flush=True)
+    if args.work_dir is None:
+        shutil.rmtree(out, ignore_errors=True)
+    last = {k: (v if not isinstance(v, float) or math.isfinite(v) else None)  # strict JSON
+            for k, v in dict(step=steps[-1], **metrics[steps[-1]]).items()}
+    print(json.dumps(last, sort_keys=True))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
     from mmengine.logging import MMLogger
     MMLogger.get_instance('check_config', log_level=logging.WARNING)  # quiet mmengine's INFO
     import gepo_xtuner  # noqa: F401  (registers what the configs name)
+
+    if args.smoke_steps is not None:
+        return smoke(args)
 
     if args.world_size is not None:
         os.environ['WORLD_SIZE'] = str(args.world_size)

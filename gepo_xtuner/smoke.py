@@ -1,0 +1,839 @@
+"""Smoke runs of RL configs on CPU: a tiny random policy, a small record set, scaled batches.
+
+``tools/check_config.py CONFIG --smoke-steps N`` uses these pieces to run N real RL
+steps of any config through XTuner's training entry point without weights or data:
+
+* :func:`choose_family` / :func:`build_smoke_model`: a tiny randomly initialised model of
+  the config's architecture family (``policy_model_type``), with a small local
+  tokenizer (:func:`build_smoke_tokenizer`) and *peaked* output distributions, so that
+  sampled-token log-probabilities vary by several nats (Clip-Cov's and KL-Cov's
+  covariance ``(A - mean A)(logp - mean logp)`` then reaches the configured bounds);
+* :func:`make_records` / :func:`calibrate_records`: prompt records for exactly the reward
+  domains of ``train_cfg.rewards`` over the tokenizer's small vocabulary, with references
+  chosen so that the tiny policy's own samples get mixed rewards from the config's real
+  verifiers (mixed rewards inside a group give non-zero group-relative advantages);
+* :func:`scale_geometry` / :func:`smoke_config`: the config with batch sizes scaled down
+  but its structure kept (K responses per prompt, optimizer steps per rollout batch,
+  several micro-batches per minibatch, P ranks, the same advantage, loss, hooks and
+  reward routing), the rollout backend swapped for the in-process ``HFRolloutBackend``
+  (LMDeploy needs a GPU), gloo process groups and float32 weights;
+* :func:`prepare_smoke_run` writes all of it; :func:`train_command` is the launch;
+  :func:`step_metrics` reads the logged metrics per step of a finished run.
+
+Everything here is a function of its arguments (seeded), apart from :func:`prepare_smoke_run`,
+which writes files.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    'ANSWER_TOKENS', 'OUTPUT_TOKENS', 'REWARD_KINDS', 'SmokeGeometry', 'SmokePlan', 'TinyFamily',
+    'answer_candidates', 'build_smoke_model', 'build_smoke_tokenizer', 'calibrate_records',
+    'choose_family', 'domains_of', 'make_records', 'micro_batch_interface', 'prepare_smoke_run',
+    'reward_kind', 'sample_completions', 'scale_geometry', 'smoke_config', 'step_metrics',
+    'train_command'
+]
+
+# ---------------------------------------------------------------------------------------
+# tokenizer
+# ---------------------------------------------------------------------------------------
+
+SPECIAL_TOKENS: tuple[str, ...] = ('<pad>', '<bos>', '<eos>', '<unk>')
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
+#: Everything the policy can write besides ``<eos>``: digits, option letters, a few symbols
+#: and one phrase token. Prompts are written in the same characters, so no probability
+#: mass sits on tokens that only prompts use, and every verifier's answer format is a
+#: few tokens away: a digit (math, physics, chart, exact match), ``Answer: C`` or a first
+#: line ``C`` (multiple choice), a comma-free short text (instruction following), a
+#: one-token Python expression (code).
+OUTPUT_TOKENS: tuple[str, ...] = ('1', '2', ' ', '\n', 'A', 'B', ',', '.', '+', '-', '=', '?', ':',
+                                  'Answer: ')
+#: Tokens whose LM-head rows :func:`build_smoke_model` scales up: the answers.
+ANSWER_TOKENS: tuple[str, ...] = ('1', '2', 'A', 'B')
+#: Characters a prompt may use (each is one token).
+PROMPT_CHARS: frozenset[str] = frozenset(t for t in OUTPUT_TOKENS if len(t) == 1)
+
+
+def build_smoke_tokenizer(model_max_length: int = 256):
+    """A word-level tokenizer over :data:`SPECIAL_TOKENS` + :data:`OUTPUT_TOKENS`.
+
+    Text is split into single characters (each in the vocabulary); the phrase token
+    ``'Answer: '`` is never produced by encoding, only by the model. Decoding joins
+    tokens without separators. Left padding, as batched generation needs.
+
+    Args:
+        model_max_length: the tokenizer's maximum sequence length.
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast`` built locally (nothing downloaded).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + OUTPUT_TOKENS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token='<unk>'))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex('[\\s\\S]'), behavior='isolated')
+    core.post_processor = processors.TemplateProcessing(
+        single='<bos> $A', pair='<bos> $A $B:1', special_tokens=[('<bos>', BOS_ID)])
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token='<pad>', bos_token='<bos>', eos_token='<eos>',
+        unk_token='<unk>', padding_side='left', clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length, model_input_names=['input_ids', 'attention_mask'])
+
+
+# ---------------------------------------------------------------------------------------
+# tiny model
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """The architecture a smoke run uses in place of the config's model.
+
+    Attributes:
+        name: ``'qwen3'`` or ``'qwen2'``.
+        model_class: the ``transformers`` causal-LM class name.
+        config_class: its config class name.
+        reason: one sentence on why this family stands in for the config's model.
+    """
+
+    name: str
+    model_class: str
+    config_class: str
+    reason: str
+
+
+#: policy_model_type -> (what its language model is, the family that stands in for it)
+_LANGUAGE_MODELS: dict[str, str] = {
+    'interns1': "Intern-S1-mini's language model is Qwen3 (its InternViT tower is not "
+                'exercised by text records)',
+    'qwen3_5': "Qwen3.5 is a Qwen3-lineage decoder (its hybrid attention and the "
+               'transformers 5 class are not exercised)',
+    'qwen3': 'the config names Qwen3 itself',
+    'qwen2': 'the config names Qwen2 itself',
+}
+
+
+def choose_family(policy_model_type: str | None) -> TinyFamily:
+    """The tiny family standing in for a config's ``policy_model_type``.
+
+    Qwen3 when the installed ``transformers`` has ``Qwen3ForCausalLM`` (4.51 and later),
+    else Qwen2, its predecessor (same decoder layout, no q/k norms); configs without a
+    ``policy_model_type`` (the tiny CPU configs, whose policy is a Qwen2) get Qwen2.
+
+    Args:
+        policy_model_type: the config's ``policy_model_type`` (``'interns1'``,
+            ``'qwen3_5'``, ...) or None.
+
+    Returns:
+        The family and the reason, to be shown to the user.
+    """
+    import transformers
+
+    have_qwen3 = hasattr(transformers, 'Qwen3ForCausalLM')
+    if policy_model_type is None:
+        return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
+                          'the config sets no policy_model_type; its tiny CPU policy is a Qwen2')
+    why = _LANGUAGE_MODELS.get(policy_model_type,
+                               f'{policy_model_type!r} has no known tiny stand-in; a Qwen-family '
+                               'decoder is used')
+    if policy_model_type == 'qwen2':
+        return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config', why)
+    if have_qwen3:
+        return TinyFamily('qwen3', 'Qwen3ForCausalLM', 'Qwen3Config', why)
+    return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
+                      f'{why}; the installed transformers {transformers.__version__} has no '
+                      'Qwen3ForCausalLM, so its predecessor Qwen2 is used')
+
+
+def build_smoke_model(family: TinyFamily, vocab_size: int, seed: int = 0,
+                      logit_std: float = 3.0, eos_scale: float = 2.5,
+                      answer_scale: float = 2.0):
+    """A tiny float32 decoder of ``family`` with peaked next-token distributions.
+
+    Layers are initialised as ``transformers`` does; the (untied) LM head is then
+    redrawn so that logits have standard deviation about ``logit_std`` (the final
+    RMSNorm leaves hidden entries of size about 1): a random model's next-token
+    distribution then has a clear favourite, and the log-probabilities of sampled
+    tokens spread over several nats instead of all sitting near ``-log(vocab_size)``.
+    The ``<eos>`` row is scaled by ``eos_scale``, so responses end early about as often
+    as they run to the token limit, and the rows of :data:`ANSWER_TOKENS` by
+    ``answer_scale``, so that answers are written often enough to be right sometimes.
+
+    Args:
+        family: from :func:`choose_family`.
+        vocab_size: rows of embedding and LM head (``len(tokenizer)``).
+        seed: the weights are a function of the seed and these arguments; the global
+            torch RNG is left untouched.
+        logit_std: target standard deviation of the logits.
+        eos_scale: factor on the ``<eos>`` row of the LM head.
+        answer_scale: factor on the rows of :data:`ANSWER_TOKENS`.
+
+    Returns:
+        The model (``transformers.PreTrainedModel``), in eval mode.
+    """
+    import torch
+    import transformers
+
+    hidden = 64
+    cfg = dict(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+               max_position_embeddings=512, tie_word_embeddings=False, attention_dropout=0.0,
+               rope_theta=10_000.0, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+               eos_token_id=EOS_ID, torch_dtype='float32', use_cache=True)
+    if family.name == 'qwen3':
+        cfg['head_dim'] = hidden // 4
+    config = getattr(transformers, family.config_class)(**cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, family.model_class)(config).float()
+        with torch.no_grad():
+            head = model.lm_head.weight
+            head.normal_(0.0, logit_std / math.sqrt(hidden))
+            head[EOS_ID] *= eos_scale
+            for token in ANSWER_TOKENS:
+                head[len(SPECIAL_TOKENS) + OUTPUT_TOKENS.index(token)] *= answer_scale
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------
+# records
+# ---------------------------------------------------------------------------------------
+
+#: Reward type -> the record format made for it.
+REWARD_KINDS: dict[str, str] = {
+    'MathReward': 'math',
+    'NumericReward': 'physics',
+    'MultipleChoiceReward': 'science',
+    'CodeReward': 'code',
+    'InstructionFollowingReward': 'instruction',
+    'ChartQAReward': 'chart',
+    'ExactMatchReward': 'exact',
+}
+
+
+def reward_kind(reward_cfg: Any) -> str:
+    """The record format for a reward config (``'exact'`` for unknown types).
+
+    Args:
+        reward_cfg: one value of ``train_cfg.rewards``: ``dict(type=...)`` or a callable.
+
+    Returns:
+        A key of :func:`make_records`'s formats: one of :data:`REWARD_KINDS`' values.
+        Unknown reward types get ``'exact'`` records (a one-digit ``answer``), which
+        any answer-checking reward can read.
+    """
+    kind = reward_cfg.get('type') if isinstance(reward_cfg, Mapping) else reward_cfg
+    name = kind if isinstance(kind, str) else getattr(kind, '__name__', type(kind).__name__)
+    return REWARD_KINDS.get(name, 'exact')
+
+
+def _digits(rng: random.Random, n: int) -> str:
+    return ''.join(rng.choice('12') for _ in range(n))
+
+
+_SUMS = (('1+1', 2), ('2-1', 1), ('1+1-1', 1), ('2+1-1', 2), ('1-1+1', 1), ('2-1+1', 2))
+
+
+def _record(kind: str, domain: str, index: int, rng: random.Random) -> dict[str, Any]:
+    """One record of format ``kind`` for ``domain`` (prompt in :data:`PROMPT_CHARS`).
+
+    Answers are ``1`` or ``2`` (``A`` or ``B``): the digits and letters the policy can
+    write, so a random policy is right about as often as it states an answer at all.
+    """
+    tag = f'{_digits(rng, 3)}:'
+    if kind in ('math', 'physics'):
+        expr, value = rng.choice(_SUMS)
+        rec = dict(prompt=f'{tag}{expr}=?', answer=str(value))
+        if kind == 'physics':
+            rec['unit'] = 'm'  # a bare number is read in the reference's unit
+    elif kind == 'science':
+        rec = dict(prompt=f'{tag}A 1 B 2?', choices=['1', '2'], answer=rng.choice('AB'))
+    elif kind == 'code':
+        # a program that prints nothing passes: a one-token expression such as `1` does,
+        # `1 A` (a syntax error) or `A` (a name error) does not
+        rec = dict(prompt=f'{tag}?', tests=[dict(input='', output='')])
+    elif kind == 'instruction':
+        rec = dict(prompt=f'{tag}. .', instructions=[
+            dict(id='punctuation:no_comma', kwargs={}),
+            dict(id='length_constraints:number_words',
+                 kwargs=dict(num_words=3, relation='less than'))])
+    elif kind == 'chart':
+        vals = [rng.choice('12') for _ in range(3)]
+        rec = dict(prompt=f'{tag}{" ".join(vals)}?', answer=max(vals))
+    elif kind == 'exact':
+        rec = dict(prompt=f'{tag}{_digits(rng, 2)}', answer=rng.choice('12'))
+    else:
+        raise ValueError(f'unknown record format {kind!r}; known: '
+                         f'{sorted(set(REWARD_KINDS.values()))}')
+    assert set(rec['prompt']) <= PROMPT_CHARS, rec['prompt']
+    return dict(id=f'{domain}-{index}', domain=domain, **rec)
+
+
+def make_records(domains: Mapping[str, str], n_per_domain: int,
+                 seed: int = 0) -> list[dict[str, Any]]:
+    """``n_per_domain`` records for each domain, in the format of its reward.
+
+    Args:
+        domains: domain name -> record format (see :func:`reward_kind`). A domain named
+            ``'default'`` (the router's fallback key) gets records with that domain,
+            which the router sends to ``rewards['default']``.
+        n_per_domain: records per domain.
+        seed: the records are a function of the seed and the arguments.
+
+    Returns:
+        Records valid under :mod:`gepo_xtuner.data.records`' schema, domains interleaved.
+    """
+    rng = random.Random(seed)
+    per_domain = [[_record(kind, domain, i, rng) for i in range(n_per_domain)]
+                  for domain, kind in domains.items()]
+    return [rec for group in zip(*per_domain) for rec in group]
+
+
+def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], k: int,
+                       *, template: str = '{prompt}', temperature: float = 1.0,
+                       top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 12,
+                       seed: int = 0, batch_size: int = 512) -> list[list[str]]:
+    """``k`` sampled completions per record, decoded without special tokens.
+
+    Prompts are encoded as the RL loop encodes them
+    (:func:`~gepo_xtuner.data.prompts.encode_prompt` with ``template``); sampling
+    stops at the tokenizer's EOS.
+
+    Args:
+        model: a ``transformers`` causal LM.
+        tokenizer: its tokenizer (left padding).
+        records: prompt records.
+        k: completions per record.
+        template: the config's ``prompt_template``.
+        temperature, top_p, top_k: sampling parameters (``top_k=0``: off).
+        max_new_tokens: response token limit.
+        seed: sampling seed (the global torch RNG is restored afterwards).
+        batch_size: sequences per ``generate`` call.
+
+    Returns:
+        One list of ``k`` strings per record, in order.
+    """
+    import torch
+
+    from .data.prompts import encode_prompt
+
+    ids = [encode_prompt(tokenizer, r, template) for r in records]
+    rows = [p for p in ids for _ in range(k)]
+    texts: list[str] = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            width = max(map(len, chunk))
+            input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r
+                                      for r in chunk])
+            out = model.generate(input_ids=input_ids,
+                                 attention_mask=(input_ids != tokenizer.pad_token_id).long(),
+                                 do_sample=True, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+            texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return [texts[i * k:(i + 1) * k] for i in range(len(records))]
+
+
+_NUMBER = re.compile(r'[-+]?\d+(?:\.\d+)?')
+
+
+def _frequent(values: Iterable[str], limit: int) -> list[str]:
+    counts: dict[str, int] = {}
+    for v in values:
+        if v:
+            counts[v] = counts.get(v, 0) + 1
+    return sorted(counts, key=lambda v: -counts[v])[:limit]
+
+
+def answer_candidates(kind: str, record: Mapping[str, Any], completions: Sequence[str],
+                      limit: int = 4) -> list[dict[str, Any]]:
+    """Field updates to try on a record so that ``completions`` get mixed rewards.
+
+    Args:
+        kind: the record format (:func:`reward_kind`).
+        record: the draft record.
+        completions: the policy's sampled completions for it.
+        limit: most candidates taken from the completions.
+
+    Returns:
+        Updates (e.g. ``{'answer': '12'}``), the record's own values first.
+    """
+    if kind in ('math', 'physics'):  # numbers the completions state
+        found = [m[-1] for m in (_NUMBER.findall(c) for c in completions) if m]
+        return [{'answer': a} for a in _frequent([record['answer'], *found], limit + 1)]
+    if kind in ('chart', 'exact'):  # whole stripped completions, last lines
+        lines = [c.strip().splitlines()[-1].strip() if c.strip() else '' for c in completions]
+        found = [c.strip() for c in completions] if kind == 'exact' else lines
+        return [{'answer': a} for a in _frequent([str(record['answer']), *found], limit + 1)]
+    if kind == 'science':
+        return [{'answer': letter} for letter in 'AB']
+    if kind == 'instruction':
+        first = dict(id='punctuation:no_comma', kwargs={})
+        return [{'instructions': [first, dict(id='length_constraints:number_words',
+                                              kwargs=dict(num_words=n, relation='less than'))]}
+                for n in range(1, 13)]
+    return [{}]
+
+
+def calibrate_records(records: Sequence[dict[str, Any]], kinds: Mapping[str, str],
+                      completions: Sequence[Sequence[str]], reward_for: Any,
+                      keep: int | None = None
+                      ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """Picks each record's reference so that the policy's own samples get mixed rewards.
+
+    For every record, each update of :func:`answer_candidates` is scored with the real
+    reward function on the record's sampled completions; the one whose reward rate is
+    closest to 1/2 (strictly between 0 and 1) is applied. A record no candidate mixes
+    keeps its draft reference. A reward function that raises scores 0, as in training.
+    With ``keep``, only the ``keep`` records per domain whose rates are closest to 1/2
+    are returned (in their original order): draft more records than needed, so that
+    rates of a single lucky sample (1/16) do not make the set.
+
+    Args:
+        records: draft records (:func:`make_records`); not modified.
+        kinds: domain -> record format.
+        completions: per record, the sampled completions (:func:`sample_completions`).
+        reward_for: ``domain -> fn(completion, record) -> float``
+            (e.g. ``RewardRouter(...).fn_for``).
+        keep: records to keep per domain (default: all).
+
+    Returns:
+        ``(records, report)``; ``report[domain]`` holds ``reward_rate`` (the mean reward
+        of the samples under the chosen references) and ``mixed_groups`` (the share of
+        records whose samples got mixed rewards).
+    """
+    scored: list[tuple[float, dict[str, Any], float]] = []
+    for record, texts in zip(records, completions, strict=True):
+        domain = record['domain']
+        fn = reward_for(domain)
+        best: tuple[float, dict[str, Any], float] | None = None
+        for update in answer_candidates(kinds.get(domain, 'exact'), record, texts):
+            trial = {**record, **update}
+            rate = sum(_safe_reward(fn, t, trial) > 0 for t in texts) / max(len(texts), 1)
+            score = abs(rate - 0.5) if 0 < rate < 1 else 2.0 + abs(rate - 0.5)
+            if best is None or score < best[0]:
+                best = (score, update, rate)
+        assert best is not None
+        scored.append((best[0], {**record, **best[1]}, best[2]))
+    chosen: set[int] = set()
+    for domain in dict.fromkeys(r['domain'] for r in records):
+        mine = [i for i, r in enumerate(records) if r['domain'] == domain]
+        mine.sort(key=lambda i: scored[i][0])  # stable: ties keep the draft order
+        chosen.update(mine[:keep] if keep is not None else mine)
+    out: list[dict[str, Any]] = []
+    stats: dict[str, list[tuple[float, bool]]] = {}
+    for i, (_, record, rate) in enumerate(scored):
+        if i in chosen:
+            out.append(record)
+            stats.setdefault(record['domain'], []).append((rate, 0 < rate < 1))
+    report = {d: dict(reward_rate=sum(r for r, _ in v) / len(v),
+                      mixed_groups=sum(m for _, m in v) / len(v)) for d, v in stats.items()}
+    return out, report
+
+
+def _safe_reward(fn: Any, completion: str, record: Mapping[str, Any]) -> float:
+    try:
+        value = float(fn(completion, dict(record)))
+    except Exception:  # noqa: BLE001 (the router scores a failing verifier 0 too)
+        return 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# batch geometry
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmokeGeometry:
+    """Batch sizes of a smoke run and of the config it stands for.
+
+    Attributes:
+        num_responses: K, as in the config.
+        world_size: P, training processes.
+        minibatches_per_step: optimizer steps per rollout batch and PPO epoch, as in
+            the config.
+        prompts_per_rank: prompts each rank draws per RL step.
+        minibatch_size: responses per optimizer step and rank.
+        micro_batches: target forward/backward micro-batches per minibatch and rank.
+        micro_batch_size: responses per micro-batch (fixed-size interface).
+        max_tokens_per_micro_batch: padded-token budget per micro-batch
+            (token-budget interface): about ``minibatch_size * row_tokens /
+            micro_batches``.
+        row_tokens: the padded row width assumed (prompt + ``max_new_tokens``).
+        config: the same quantities of the original config (``prompts_per_step``
+            over all ranks, ``minibatch_responses`` over all ranks, ...).
+    """
+
+    num_responses: int
+    world_size: int
+    minibatches_per_step: int
+    prompts_per_rank: int
+    minibatch_size: int
+    micro_batches: int
+    micro_batch_size: int
+    max_tokens_per_micro_batch: int
+    row_tokens: int
+    config: dict[str, int]
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts per RL step over all ranks."""
+        return self.prompts_per_rank * self.world_size
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields and ``prompts_per_step``, for printing."""
+        return dict(asdict(self), prompts_per_step=self.prompts_per_step)
+
+
+def scale_geometry(num_responses: int, prompts_per_step: int, minibatch_responses: int,
+                   world_size: int, row_tokens: int, min_minibatch_per_rank: int = 16,
+                   micro_batches: float = 3.5) -> SmokeGeometry:
+    """Scales a config's batch down, keeping its structure.
+
+    Kept: K, the number of minibatches (optimizer steps) per rollout batch, the world
+    size. The global minibatch becomes the fewest whole prompts (m x K responses) that
+    split evenly over the ranks with at least ``min_minibatch_per_rank`` responses per
+    rank (or K when that is fewer); the rollout batch is ``minibatches_per_step``
+    minibatches. Each minibatch is cut into about ``micro_batches`` micro-batches.
+
+    Args:
+        num_responses: the config's K.
+        prompts_per_step: the config's prompts per RL step, all ranks.
+        minibatch_responses: the config's responses per optimizer step, all ranks.
+        world_size: P for the smoke run.
+        row_tokens: padded tokens of one response row (prompt + max new tokens).
+        min_minibatch_per_rank: smallest per-rank minibatch wanted (responses).
+        micro_batches: micro-batches per minibatch wanted (token budget).
+
+    Returns:
+        The geometry.
+
+    Raises:
+        ValueError: if the config's minibatch does not divide its rollout batch, or an
+            argument is not positive.
+    """
+    k, p = num_responses, world_size
+    if min(k, prompts_per_step, minibatch_responses, p, row_tokens) < 1 or micro_batches < 1:
+        raise ValueError('num_responses, prompts_per_step, minibatch_responses, world_size, '
+                         'row_tokens and micro_batches must be positive')
+    responses = prompts_per_step * k
+    if responses % minibatch_responses:
+        raise ValueError(f'the config\'s minibatch ({minibatch_responses} responses) does not '
+                         f'divide its rollout batch ({responses} responses)')
+    n_mb = responses // minibatch_responses
+    want = min(min_minibatch_per_rank, k)
+    m = 1  # minibatch prompts, all ranks
+    while (m * k) % p or (m * n_mb) % p or m * k // p < want:
+        m += 1
+    minibatch = m * k // p
+    micro = max(1, round(minibatch / micro_batches))
+    while minibatch % micro:
+        micro -= 1
+    budget = max(row_tokens, math.ceil(minibatch * row_tokens / micro_batches))
+    return SmokeGeometry(
+        num_responses=k, world_size=p, minibatches_per_step=n_mb,
+        prompts_per_rank=m * n_mb // p, minibatch_size=minibatch,
+        micro_batches=minibatch // micro, micro_batch_size=micro,
+        max_tokens_per_micro_batch=budget, row_tokens=row_tokens,
+        config=dict(prompts_per_step=prompts_per_step, minibatch_responses=minibatch_responses,
+                    minibatches_per_step=n_mb))
+
+
+# ---------------------------------------------------------------------------------------
+# the smoke config
+# ---------------------------------------------------------------------------------------
+
+
+def micro_batch_interface(loop_cls: type) -> str:
+    """``'tokens'`` if the RL loop takes ``max_tokens_per_micro_batch``, else ``'rows'``.
+
+    Args:
+        loop_cls: the ``RLTrainLoop`` class.
+    """
+    params = inspect.signature(loop_cls).parameters
+    return 'tokens' if 'max_tokens_per_micro_batch' in params else 'rows'
+
+
+def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps: int,
+                 geometry: SmokeGeometry, interface: str, max_new_tokens: int) -> dict[str, Any]:
+    """The config of a smoke run: ``cfg`` with model, data, batches and runtime replaced.
+
+    Replaced: the model directory (``model.pretrained``; float32, the standard causal-LM
+    class, no custom code), the train and validation files, per-rank batch sizes and
+    micro-batching (:class:`SmokeGeometry`), the rollout backend (``HFRolloutBackend``:
+    LMDeploy needs a GPU), ``max_new_tokens``, the step count, validation and
+    checkpoint intervals (= ``steps``), gloo process groups and DDP without device ids.
+    Kept: K, sampling temperature / top-p / top-k, advantage, policy loss, rewards and
+    their routing, prompt template, PPO epochs, optimizer, hooks, log processor.
+
+    Args:
+        cfg: the loaded config (an ``mmengine.Config`` or a plain dict); not modified.
+        model_dir: tiny model directory (:func:`write_smoke_model`).
+        data_dir: directory with ``train.jsonl`` and ``val.jsonl``.
+        steps: RL steps.
+        geometry: from :func:`scale_geometry`.
+        interface: :func:`micro_batch_interface` of the installed loop.
+        max_new_tokens: response token limit.
+
+    Returns:
+        A plain dict config (dump it with ``mmengine.Config(...).dump``).
+    """
+    out = copy.deepcopy(_plain(cfg))
+    model = out['model']
+    model.update(pretrained=model_dir, torch_dtype='float32')
+    for key in ('tokenizer', 'processor', 'model_class', 'trust_remote_code'):
+        model.pop(key, None)
+    loader = out['train_dataloader']
+    loader['batch_size'] = geometry.prompts_per_rank
+    loader['num_workers'] = 0
+    loader['dataset']['path'] = f'{data_dir}/train.jsonl'
+    loop = out['train_cfg']
+    loop.update(max_steps=steps, rollout=dict(type='HFRolloutBackend'),
+                minibatch_size=geometry.minibatch_size)
+    loop['sampling'] = dict(loop.get('sampling') or {}, max_new_tokens=max_new_tokens)
+    for key in ('micro_batch_size', 'logprob_batch_size', 'max_tokens_per_micro_batch',
+                'logprob_max_tokens_per_micro_batch'):
+        loop.pop(key, None)
+    optim = out['optim_wrapper']
+    optim.pop('accumulative_counts', None)
+    if interface == 'tokens':
+        loop['max_tokens_per_micro_batch'] = geometry.max_tokens_per_micro_batch
+    else:
+        loop['micro_batch_size'] = geometry.micro_batch_size
+        loop['logprob_batch_size'] = geometry.micro_batch_size
+        optim['accumulative_counts'] = geometry.micro_batches
+    val = dict(loop.get('val') or {})
+    val.pop('benchmarks', None)
+    val.update(path=f'{data_dir}/val.jsonl', interval=steps)
+    loop['val'] = val
+    hooks = out.setdefault('default_hooks', {})
+    hooks['checkpoint'] = dict(hooks.get('checkpoint') or dict(type='CheckpointHook'),
+                               interval=steps, by_epoch=False)
+    out['env_cfg'] = dict(out.get('env_cfg') or {}, dist_cfg=dict(backend='gloo'))
+    out['model_wrapper_cfg'] = dict(type='MMDistributedDataParallel', device_ids=None,
+                                    find_unused_parameters=bool(
+                                        out.get('find_unused_parameters', False)))
+    out['launcher'] = 'none'
+    return out
+
+
+def _plain(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A config as nested plain dicts and lists (``ConfigDict`` -> ``dict``)."""
+    return cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
+
+
+# ---------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------
+
+
+def step_metrics(work_dir: str | Path) -> dict[int, dict[str, float]]:
+    """Logged scalars by step, merged over the run's ``*/vis_data/scalars.json`` files.
+
+    Args:
+        work_dir: the run's work directory.
+
+    Returns:
+        ``{step: {name: value}}``; step 0 holds the validation before training.
+    """
+    out: dict[int, dict[str, float]] = {}
+    for path in sorted(Path(work_dir).glob('*/vis_data/scalars.json')):
+        for line in path.read_text(encoding='utf-8').splitlines():
+            if line.strip():
+                row = json.loads(line)
+                out.setdefault(int(row.pop('step')), {}).update(row)
+    return out
+
+
+def domains_of(rewards: Mapping[str, Any]) -> dict[str, str]:
+    """Domain -> record format for a config's ``train_cfg.rewards``.
+
+    Args:
+        rewards: ``train_cfg.rewards``.
+
+    Returns:
+        Every configured domain (``'default'`` included) with :func:`reward_kind`.
+    """
+    return {domain: reward_kind(fn) for domain, fn in rewards.items()}
+
+
+
+# ---------------------------------------------------------------------------------------
+# preparing and launching a run
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class SmokePlan:
+    """Everything a smoke run needs on disk, and what was chosen for it.
+
+    Attributes:
+        config_path: the smoke config (a self-contained pure-dict config file).
+        run_dir: the training work directory.
+        model_dir: the tiny model and tokenizer.
+        data_dir: ``train.jsonl`` and ``val.jsonl``.
+        family: the tiny model family.
+        seed: the weight seed chosen (:func:`prepare_smoke_run`).
+        geometry: the scaled batch.
+        interface: the loop's micro-batching interface (``'tokens'`` or ``'rows'``).
+        rewards: per domain, the reward rate and share of mixed groups that the tiny
+            policy's own samples got under the chosen references.
+        replaced: ``what -> (config value, smoke value)`` of the swapped parts.
+    """
+
+    config_path: Path
+    run_dir: Path
+    model_dir: Path
+    data_dir: Path
+    family: TinyFamily
+    seed: int
+    geometry: SmokeGeometry
+    interface: str
+    rewards: dict[str, dict[str, float]]
+    replaced: dict[str, tuple[str, str]]
+
+
+def _describe_type(cfg: Any) -> str:
+    return str(cfg.get('type')) if isinstance(cfg, Mapping) else str(cfg)
+
+
+def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int,
+                      world_size: int, max_new_tokens: int = 12, n_train: int = 8,
+                      n_val: int = 1, seeds: Sequence[int] = range(8)) -> SmokePlan:
+    """Writes the tiny model, the calibrated records and the smoke config under ``out_dir``.
+
+    The weight seed is the first of ``seeds`` whose model gets mixed rewards (as its
+    own samples, scored by the config's real reward functions) on at least half of the
+    probe records of every answer-checked domain (code is exempt: random text rarely
+    is a program); failing that, the best seed.
+
+    Args:
+        cfg: the loaded config (loaded with ``WORLD_SIZE=world_size``).
+        out_dir: directory for ``model/``, ``data/``, ``run/`` and ``smoke_config.py``.
+        steps: RL steps.
+        world_size: training processes.
+        max_new_tokens: response token limit.
+        n_train: training records per domain.
+        n_val: validation records per domain.
+        seeds: weight seeds to try.
+
+    Returns:
+        The plan.
+
+    Raises:
+        ValueError: the config is not an RL config of this package (no
+            ``train_cfg.rewards``) or its batch cannot be scaled.
+    """
+    from mmengine.config import Config
+
+    from .reward import RewardRouter
+
+    out_dir = Path(out_dir)
+    loop = cfg.get('train_cfg') or {}
+    if not loop.get('rewards'):
+        raise ValueError('train_cfg.rewards is missing: not an RL config of gepo_xtuner')
+    kinds = domains_of(loop['rewards'])
+    router = RewardRouter(loop['rewards'])
+    family = choose_family(cfg.get('policy_model_type'))
+    tok = build_smoke_tokenizer()
+    k = int(loop.get('num_responses', 8))
+    sampling = dict(loop.get('sampling') or {})
+    sample_args = dict(template=loop.get('prompt_template', '{prompt}'),
+                       temperature=float(sampling.get('temperature', 1.0)),
+                       top_p=float(sampling.get('top_p', 1.0)),
+                       top_k=int(sampling.get('top_k', 0) or 0), max_new_tokens=max_new_tokens)
+    train = make_records(kinds, 2 * n_train, seed=0)  # calibration keeps the better half
+    probe = [r for r in train if kinds[r['domain']] != 'code'][:4 * len(kinds)]
+    best: tuple[float, int] | None = None
+    for seed in seeds:
+        model = build_smoke_model(family, len(tok), seed)
+        _, report = calibrate_records(probe, kinds,
+                                      sample_completions(model, tok, probe, k, **sample_args),
+                                      router.fn_for)
+        worst = min((v['mixed_groups'] for v in report.values()), default=1.0)
+        if best is None or worst > best[0]:
+            best = (worst, seed)
+        if worst >= 0.5:
+            break
+    assert best is not None
+    seed = best[1]
+    model = build_smoke_model(family, len(tok), seed)
+    model_dir, data_dir = out_dir / 'model', out_dir / 'data'
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tok.save_pretrained(model_dir)
+    splits = {}
+    for split, n, s in (('train', n_train, 0), ('val', n_val, 1)):
+        drafts = train if split == 'train' else make_records(kinds, 2 * n, seed=s)
+        done, report = calibrate_records(
+            drafts, kinds, sample_completions(model, tok, drafts, k, seed=s, **sample_args),
+            router.fn_for, keep=n)
+        for rec in done:
+            rec['id'] = f'{split}-{rec["id"]}'
+        splits[split] = report
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / f'{split}.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in done),
+                                                 encoding='utf-8')
+    prompt_tokens = max(len(tok(sample_args['template'].format(**r))['input_ids'])
+                        for r in train)
+    per_rank = int(cfg['train_dataloader']['batch_size'])
+    geometry = scale_geometry(k, per_rank * world_size,
+                              int(loop.get('minibatch_size', 32)) * world_size, world_size,
+                              prompt_tokens + max_new_tokens)
+    from mmengine.registry import LOOPS
+    interface = micro_batch_interface(LOOPS.get('RLTrainLoop'))
+    smoke = smoke_config(cfg, model_dir=str(model_dir), data_dir=str(data_dir), steps=steps,
+                         geometry=geometry, interface=interface, max_new_tokens=max_new_tokens)
+    config_path = out_dir / 'smoke_config.py'
+    Config(smoke).dump(str(config_path))
+    replaced = {
+        'model': (f'{cfg.get("policy_name") or cfg["model"].get("pretrained")} '
+                  f'({cfg["model"].get("torch_dtype", "float32")})',
+                  f'tiny random {family.model_class} (float32, seed {seed})'),
+        'rollout': (_describe_type(loop.get('rollout')),
+                    'HFRolloutBackend (LMDeploy needs a GPU; HF generate in the trainer)'),
+        'max_new_tokens': (str(sampling.get('max_new_tokens')), str(max_new_tokens)),
+        'process group': (str((cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('backend')),
+                          'gloo'),
+    }
+    return SmokePlan(config_path=config_path, run_dir=out_dir / 'run', model_dir=model_dir,
+                     data_dir=data_dir, family=family, seed=seed, geometry=geometry,
+                     interface=interface, rewards=splits['train'], replaced=replaced)
+
+
+def train_command(python: str, config_path: str | Path, work_dir: str | Path, nproc: int,
+                  master_port: int) -> list[str]:
+    """XTuner's training program for one process, or under torchrun for ``nproc > 1``.
+
+    Both forms exit non-zero when training fails (the ``xtuner train`` wrapper does
+    not).
+
+    Args:
+        python: the interpreter.
+        config_path: the config file.
+        work_dir: the training work directory.
+        nproc: processes.
+        master_port: torchrun's rendezvous port (``nproc > 1``).
+    """
+    train = ['-m', 'xtuner.tools.train', str(config_path), '--work-dir', str(work_dir)]
+    if nproc == 1:
+        return [python, *train]
+    return [python, '-m', 'torch.distributed.run', '--nnodes=1', f'--nproc_per_node={nproc}',
+            '--master_addr=127.0.0.1', f'--master_port={master_port}', *train,
+            '--launcher', 'pytorch']
