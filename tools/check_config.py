@@ -5,6 +5,8 @@ Usage::
 
     python tools/check_config.py CONFIG [CONFIG ...] [--world-size N] [--no-path-check]
         [--cfg-options key=value ...] [--json]
+    python tools/check_config.py CONFIG --smoke-steps N [--nproc P] [--work-dir DIR]
+        [--max-new-tokens T] [--cfg-options key=value ...]
 
 For each config: lists its config variables (the ``{{$VAR:default}}`` environment
 variables of the file and its bases, with their values and where they came from),
