@@ -19,7 +19,8 @@ class RLLoopStateHook(Hook):
     The checkpoint key ``'gepo_xtuner/rl_loop'`` holds the torch (and CUDA),
     NumPy and Python RNG states at the end of the saved step (sampling, minibatch
     shuffles and Clip-Cov's token choice draw from them) and the per-step metric
-    history the training-curve figure is drawn from. The data position needs no
+    history the training-curve figure is drawn from, and the policy loss's own state
+    where it has one (Clip-Cov's seeded generator). The data position needs no
     entry: on resume the loop skips the prompts of the completed steps, which
     mmengine's samplers replay deterministically. :class:`RLTrainLoop` registers
     this hook itself.
@@ -32,7 +33,11 @@ class RLLoopStateHook(Hook):
                                    python=random.getstate())
         if torch.cuda.is_available():
             rng['cuda'] = torch.cuda.get_rng_state_all()
-        checkpoint[KEY] = dict(rng=rng, history=list(runner.train_loop.history))
+        state = dict(rng=rng, history=list(runner.train_loop.history))
+        loss = runner.train_loop.policy.policy_loss
+        if hasattr(loss, 'state_dict'):  # e.g. Clip-Cov's seeded token sampler
+            state['policy_loss'] = loss.state_dict()
+        checkpoint[KEY] = state
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not runner._resume:
@@ -45,6 +50,9 @@ class RLLoopStateHook(Hook):
             return
         runner.train_loop.history = list(state['history'])
         runner.train_loop._pending_rng = state['rng']
+        loss = runner.train_loop.policy.policy_loss
+        if 'policy_loss' in state and hasattr(loss, 'load_state_dict'):
+            loss.load_state_dict(state['policy_loss'])
 
     @staticmethod
     def restore_rng(loop: Any) -> None:

@@ -152,6 +152,19 @@ class ClipCovLoss(_CovLossBase):
     def _ratio_base(self, inp: PolicyInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return ppo_clip_per_token(inp.ratio, inp.advantages, self.clip_low, self.clip_high)
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """The seeded generators' states by device (empty without ``seed``), so that a
+        resumed run draws the same tokens as an uninterrupted one."""
+        return {device: gen.get_state() for device, gen in self._generators.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restores what :meth:`state_dict` saved (generators are created as needed)."""
+        if self.seed is None:
+            return
+        for device, gen_state in state.items():
+            gen = self._generators.setdefault(device, torch.Generator(device))
+            gen.set_state(gen_state)
+
     def _uniform(self, like: Tensor) -> Tensor:
         """Uniform [0, 1) noise shaped like ``like``, from the seeded generator if any."""
         gen, key = None, str(like.device)
