@@ -156,28 +156,32 @@ def padded_tokens(prompt_lengths: Tensor, response_lengths: Tensor) -> int:
     return len(prompt_lengths) * (int(prompt_lengths.max()) + max(1, int(response_lengths.max())))
 
 
-def _pack(order: list[int], prompt: list[int], response: list[int], cap: int) -> list[list[int]]:
-    """Greedy packing of rows (in ``order``) into blocks of padded size <= ``cap``.
+def _pack(order: list[int], prompt: dict[int, int], response: dict[int, int], cap: int,
+          packed: bool = False) -> list[list[int]]:
+    """Greedy packing of rows (in ``order``) into blocks of size <= ``cap``.
 
-    A row that alone exceeds ``cap`` gets a block of its own.
+    Size: the padded block, ``rows x (max prompt + max response)``, or with
+    ``packed`` the real tokens, ``sum (prompt + response)``. A row that alone
+    exceeds ``cap`` gets a block of its own.
     """
     blocks: list[list[int]] = []
     block: list[int] = []
-    max_p = max_r = 0
+    max_p = max_r = total = 0
     for i in order:
         p, r = max(max_p, prompt[i]), max(max_r, response[i], 1)
-        if block and (len(block) + 1) * (p + r) > cap:
+        t = total + prompt[i] + response[i]
+        if block and (t if packed else (len(block) + 1) * (p + r)) > cap:
             blocks.append(block)
-            block, p, r = [], prompt[i], max(response[i], 1)
+            block, p, r, t = [], prompt[i], max(response[i], 1), prompt[i] + response[i]
         block.append(i)
-        max_p, max_r = p, r
+        max_p, max_r, total = p, r, t
     if block:
         blocks.append(block)
     return blocks
 
 
 def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor,
-                  max_tokens: int | None) -> list[Tensor]:
+                  max_tokens: int | None, packed: bool = False) -> list[Tensor]:
     """Splits one minibatch into micro-batches by a padded-token budget.
 
     Rows are sorted by length (longest first) and packed greedily into the
@@ -194,6 +198,9 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
         prompt_lengths, response_lengths: ``(N,)`` real lengths of ALL rows of the
             batch (indexed by ``rows``).
         max_tokens: the budget, or None for one micro-batch.
+        packed: the micro-batches run padding-free (``RLPolicy.packs``): the budget
+            counts real tokens, ``sum (prompt + response)``, instead of the padded
+            block.
 
     Returns:
         Index tensors (subsets of ``rows``) covering ``rows`` exactly once; empty
@@ -212,12 +219,13 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
     prompt = {i: int(prompt_lengths[i]) for i in ids}
     response = {i: int(response_lengths[i]) for i in ids}
     order = sorted(ids, key=lambda i: -(prompt[i] + response[i]))  # stable: ties keep order
-    count = len(_pack(order, prompt, response, max_tokens))
+    count = len(_pack(order, prompt, response, max_tokens, packed))
     low, high = 1, max_tokens
     while low < high:  # the smallest cap that still needs no more than `count` blocks
         mid = (low + high) // 2
-        if len(_pack(order, prompt, response, mid)) <= count:
+        if len(_pack(order, prompt, response, mid, packed)) <= count:
             high = mid
         else:
             low = mid + 1
-    return [torch.tensor(block, dtype=rows.dtype) for block in _pack(order, prompt, response, high)]
+    return [torch.tensor(block, dtype=rows.dtype)
+            for block in _pack(order, prompt, response, high, packed)]

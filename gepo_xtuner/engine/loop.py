@@ -281,8 +281,9 @@ class RLTrainLoop(BaseLoop):
         logprobs = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         entropies = torch.zeros_like(logprobs)
         prompt_len, response_len = batch.lengths()
+        packed = getattr(policy, 'packs', False) and batch.mm_inputs is None  # real-token budget
         for rows in micro_batches(torch.arange(len(batch)), prompt_len, response_len,
-                                  self.logprob_max_tokens):
+                                  self.logprob_max_tokens, packed):
             part = batch.rows(rows)
             inputs = {k: getattr(part, k).to(device)
                       for k in ('input_ids', 'attention_mask', 'response_mask')}
@@ -332,7 +333,9 @@ class RLTrainLoop(BaseLoop):
                 mask = batch.response_mask[minibatch]
                 totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum())],
                                                  dtype=torch.float64))
-                micro = micro_batches(minibatch, prompt_len, response_len, self.max_tokens)
+                micro = micro_batches(minibatch, prompt_len, response_len, self.max_tokens,
+                                      getattr(self.policy, 'packs', False)
+                                      and batch.mm_inputs is None)
                 micro_counts.append(len(micro))
                 inputs = [loss_inputs(batch, m, old_logprobs, advantages, totals, self.sampling)
                           for m in micro]

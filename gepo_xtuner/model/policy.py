@@ -2,6 +2,7 @@
 
 import importlib
 import inspect
+import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -18,8 +19,11 @@ from ..loss.kl import reference_kl_loss
 from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
 from ..registry import POLICY_LOSSES
+from .packing import (PackedRows, pack_rows, packed_sequences, restore_attention,
+                      use_packed_attention)
 
 TEXT_MODEL_CLASS = 'AutoModelForCausalLM'
+PACKING_MODES = ('auto', 'on', 'off')
 
 
 @MODELS.register_module()
@@ -76,14 +80,28 @@ class RLPolicy(BaseModel):
             loss), costing one extra no-grad forward per micro-batch. Default 0 (no
             reference model is loaded), as in GEPO's objective; GRPO's original
             objective uses one. Logged as ``loss/kl_ref``.
+        packing: padding-free passes (:mod:`gepo_xtuner.model.packing`): each
+            text-only micro-batch runs as ONE row of its real tokens, positions
+            restarting per sequence and attention kept within each sequence, so no
+            compute goes to padding; logprobs, entropies and gradients equal the
+            padded path's. ``'auto'`` (default) packs when the model supports it
+            (attention through ``transformers``' attention-function table, attention
+            layers only, no sliding window) and a two-sequence probe at start-up
+            confirms it; ``'on'`` raises where ``'auto'`` would not pack; ``'off'``
+            always runs the padded ``[left-padded prompt | right-padded response]``
+            block. Batches with images always take the padded path. Why packing was
+            declined is in ``packing_problem``; ``packs`` says whether it is on.
     """
 
     def __init__(self, pretrained: str, policy_loss: dict, tokenizer: str | None = None,
                  torch_dtype: str = 'float32', model_class: str = TEXT_MODEL_CLASS,
                  trust_remote_code: bool = False, processor: str | None = None,
                  gradient_checkpointing: bool = False, kl_coef: float = 0.0,
+                 packing: str = 'auto',
                  data_preprocessor: dict | None = None, init_cfg: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        if packing not in PACKING_MODES:
+            raise ValueError(f'model.packing must be one of {PACKING_MODES}, got {packing!r}')
         if processor is None and model_class != TEXT_MODEL_CLASS:
             processor = pretrained
         for what, path in (('model', pretrained), ('tokenizer', tokenizer),
@@ -120,6 +138,62 @@ class RLPolicy(BaseModel):
         self._keep_arg = next((k for k in ('logits_to_keep', 'num_logits_to_keep') if k in params),
                               None)
         self._rope_index = find_rope_index(self.llm)
+        self.packs = False  # whether text-only micro-batches run packed
+        self.packing_problem: str | None = 'model.packing is off'
+        if packing != 'off':
+            self.packing_problem = self._enable_packing()
+            if self.packing_problem is not None and packing == 'on':
+                raise ValueError(f"model.packing='on' but {self.packing_problem}; use "
+                                 "packing='auto' (padded fallback) or 'off'")
+
+    def _enable_packing(self) -> str | None:
+        """Switches to packed passes if supported; returns why not (None: packing is on)."""
+        problem = packing_support(self.llm)
+        if problem is not None:
+            return problem
+        use_packed_attention(self.llm)
+        try:
+            problem = self._probe_packing()
+        except Exception as exc:  # noqa: BLE001 - any failure means: stay padded
+            problem = f'the packed probe failed ({type(exc).__name__}: {exc})'
+        if problem is not None:
+            restore_attention(self.llm)
+            return problem
+        self.packs = True
+        for ref in self._reference:
+            use_packed_attention(ref)
+        return None
+
+    @torch.no_grad()
+    def _probe_packing(self) -> str | None:
+        """Packed vs padded logprobs of two sequences of different lengths; None if equal.
+
+        A model whose attention or token mixing ignores the packing lets the second
+        sequence see the first, which moves its logprobs beyond float tolerance
+        (``1e-3`` of their spread in float32, ``3e-2`` in 16-bit types).
+        """
+        weight = self.llm.get_input_embeddings().weight
+        ids = (torch.arange(24, device=weight.device).view(2, 12) * 7919 + 11) % weight.shape[0]
+        attention = torch.ones_like(ids)
+        attention[1, :4] = 0  # row 1: 3 prompt tokens after 4 padding columns
+        attention[0, -2:] = 0  # row 0: 3 response tokens, then 2 padding columns
+        response = torch.ones(2, 5, dtype=torch.bool, device=weight.device)
+        response[0, 3:] = False
+        inputs = dict(input_ids=ids, attention_mask=attention, response_mask=response)
+        was_training = self.llm.training
+        self.llm.eval()
+        try:
+            packed, _ = self.response_logprobs(inputs, packed=True)
+            padded, _ = self.response_logprobs(inputs, packed=False)
+        finally:
+            self.llm.train(was_training)
+        diff = float((packed - padded)[response].abs().max())
+        spread = max(float(padded[response].std()), 1.0)
+        tol = 1e-3 if weight.dtype in (torch.float32, torch.float64) else 3e-2
+        if not diff <= tol * spread:
+            return (f'packed and padded logprobs differ by {diff:.3g} on a probe (the model '
+                    'does not keep packed sequences apart)')
+        return None
 
     def position_ids(self, input_ids: Tensor, attention_mask: Tensor,
                      mm_inputs: MMInputs) -> Tensor:
@@ -157,12 +231,57 @@ class RLPolicy(BaseModel):
         # (and its image tokens) expanded to.
         return logits[:, -(width + 1):-1]
 
-    def response_logprobs(self, inputs: dict[str, Any], with_entropy: bool = False
-                          ) -> tuple[Tensor, Tensor | None]:
+    def uses_packing(self, inputs: dict[str, Any]) -> bool:
+        """Whether a micro-batch runs packed: packing is on and it holds no images."""
+        return self.packs and not inputs.get('mm_inputs')
+
+    def packed_logits(self, inputs: dict[str, Any], model: torch.nn.Module | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Logits of the micro-batch as one packed row (:func:`~.packing.pack_rows`).
+
+        Returns:
+            ``(logits, labels, index)``: ``logits`` ``(1, T', V)`` of the packed
+            positions from the first one that predicts a response token on,
+            ``labels`` ``(1, T')`` the response tokens they predict (``-100``
+            elsewhere), ``index`` ``(B, R)`` the position in ``T'`` that predicts
+            response token ``t`` of row ``i``. None when the rows cannot be packed
+            (a response without a prompt token).
+        """
+        model = self.llm if model is None else model
+        ids, attention = inputs['input_ids'], inputs['attention_mask']
+        positions = self.position_ids(ids, attention, {})
+        rows: PackedRows | None = pack_rows(ids, attention, positions, inputs['response_mask'])
+        if rows is None:
+            return None
+        mask = inputs['response_mask']
+        start = int(rows.index[mask].min()) if bool(mask.any()) else rows.input_ids.shape[1] - 1
+        kwargs = {self._keep_arg: rows.input_ids.shape[1] - start} if self._keep_arg else {}
+        logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids,
+                       attention_mask=packed_sequences(rows.cu_seqlens), use_cache=False,
+                       **kwargs).logits
+        logits = logits[:, -(rows.input_ids.shape[1] - start):]
+        return logits, rows.labels[:, start:], (rows.index - start).clamp_min(0)
+
+    def response_logprobs(self, inputs: dict[str, Any], with_entropy: bool = False,
+                          packed: bool | None = None) -> tuple[Tensor, Tensor | None]:
         """Logprobs ``(B, R)`` of the response tokens, and optionally their entropy.
 
-        Both refer to ``softmax(logits / inputs['temperature'])`` (default 1).
+        Both refer to ``softmax(logits / inputs['temperature'])`` (default 1). With
+        packing (``packed``, default :meth:`uses_packing`), both are 0 at padding.
         """
+        if packed is None:
+            packed = self.uses_packing(inputs)
+        scored = self.packed_logits(inputs) if packed else None
+        if scored is not None:
+            logits, labels, index = scored
+            logits = tempered(logits, inputs.get('temperature'))
+            valid = inputs['response_mask']
+            logprobs = gather_logprobs(logits, labels)[0][index].masked_fill(~valid, 0.0)
+            entropy = None
+            if with_entropy:
+                with torch.no_grad():
+                    entropy = token_entropy(logits.detach())[0][index].masked_fill(~valid, 0.0)
+            return logprobs, entropy
         width = inputs['response_mask'].shape[1]
         logits = tempered(self.response_logits(inputs['input_ids'], inputs['attention_mask'],
                                                width, inputs.get('mm_inputs')),
@@ -203,6 +322,11 @@ class RLPolicy(BaseModel):
         device = self.llm.get_input_embeddings().weight.device
         if ref.get_input_embeddings().weight.device != device:
             ref.to(device)
+        scored = self.packed_logits(inputs, model=ref) if self.uses_packing(inputs) else None
+        if scored is not None:
+            logits, labels, index = scored
+            lp = gather_logprobs(tempered(logits, inputs.get('temperature')), labels)[0][index]
+            return lp.masked_fill(~inputs['response_mask'], 0.0)
         width = inputs['response_mask'].shape[1]
         logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
                                       inputs.get('mm_inputs'), model=ref)
@@ -217,6 +341,32 @@ class RLPolicy(BaseModel):
         """
         log_vars = OrderedDict((k, v.detach().float()) for k, v in losses.items())
         return losses['loss'], log_vars
+
+
+def packing_support(model: torch.nn.Module) -> str | None:
+    """Why ``model`` cannot run packed passes, or None if its structure allows them.
+
+    Packing needs attention layers that look their implementation up in
+    ``transformers``' attention-function table (so :mod:`~.packing`'s can take over),
+    full causal attention in every layer (no sliding window) and no other token
+    mixing (linear-attention or convolution layers would carry state across the
+    packed sequences).
+    """
+    config = model.config
+    text = getattr(config, 'text_config', None) or config
+    if getattr(text, 'use_sliding_window', False) or getattr(config, 'use_sliding_window', False):
+        return 'the model uses sliding-window attention'
+    kinds = set(getattr(text, 'layer_types', None) or ())
+    if kinds - {'full_attention'}:
+        return f'the model has {sorted(kinds - {"full_attention"})} layers, not only full attention'
+    if not hasattr(config, '_attn_implementation'):
+        return 'the model config names no attention implementation'
+    layers = [type(m) for m in model.modules() if type(m).__name__.endswith('Attention')]
+    if not layers or not all('ALL_ATTENTION_FUNCTIONS' in vars(sys.modules[c.__module__])
+                             for c in layers):
+        return (f'{type(model).__name__} does not use transformers\' attention-function table '
+                f'(transformers {transformers.__version__})')
+    return None
 
 
 def tempered(logits: Tensor, temperature: Any) -> Tensor:
