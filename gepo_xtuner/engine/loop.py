@@ -1,10 +1,14 @@
 """The RL step as an mmengine train loop: rollout -> reward -> advantage -> updates -> sync."""
 
+import logging
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import LOOPS
 from mmengine.runner.base_loop import BaseLoop
@@ -127,6 +131,22 @@ class RLTrainLoop(BaseLoop):
         self.ppo_epochs = ppo_epochs
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
+        if num_responses < self.advantage.min_group_size:
+            raise ValueError(
+                f'train_cfg.num_responses is {num_responses}, but {type(self.advantage).__name__} '
+                f'compares each response with the others of its group: with fewer than '
+                f'{self.advantage.min_group_size} every advantage is 0 and nothing is learned; '
+                'set num_responses >= 2 (the paper uses 16)')
+        responses = getattr(self.dataloader, 'batch_size', None)
+        if isinstance(responses, int) and minibatch_size > responses * num_responses:
+            print_log(f'train_cfg.minibatch_size ({minibatch_size}) is larger than the '
+                      f'{responses} x {num_responses} = {responses * num_responses} responses '
+                      'of an RL step on this rank: every step takes ONE optimizer step over '
+                      'all of them; lower minibatch_size for several', logger='current',
+                      level=logging.WARNING)
+        self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
+        self._no_signal_steps = 0
+        self.step_metrics: dict[str, float] = {}  # what the current step logged
         self.advantage_state: Any = None  # handed over by GEPOThresholdHook
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
@@ -180,7 +200,8 @@ class RLTrainLoop(BaseLoop):
             next(self.dataloader_iterator)
         RLLoopStateHook.restore_rng(self)
         if self.validator is not None and self._iter == 0:  # the starting point
-            metrics = self.validator.run(self)
+            with isolated_rng(self.runner.seed, 0):
+                metrics = self.validator.run(self)
             self.runner.visualizer.add_scalars(metrics, step=0)
             self.history.append(dict(step=0.0, **metrics))
             self._log_validation(0, metrics)
@@ -240,6 +261,7 @@ class RLTrainLoop(BaseLoop):
                          domain_names=names, prompt_ids=[r['id'] for r in flat_records]),
             self.advantage_state)
         metrics.update(adv.metrics)
+        self._check_signal(adv.advantages, metrics)
         metrics.update(self._entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
         times['advantage'] = time.perf_counter() - t
 
@@ -255,7 +277,8 @@ class RLTrainLoop(BaseLoop):
         if self.validator is not None and (step % self.validator.interval == 0
                                            or step == self._max_iters):
             t = time.perf_counter()
-            val = self.validator.run(self)
+            with isolated_rng(self.runner.seed, step):  # training's RNG stream is untouched
+                val = self.validator.run(self)
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
             self._log_validation(step, val)
@@ -266,6 +289,7 @@ class RLTrainLoop(BaseLoop):
         metrics.update({f'time/{k}': v for k, v in times.items()})
         metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
         self.history.append(dict(step=float(step), **metrics))
+        self.step_metrics = metrics
         self.runner.call_hook('after_train_iter', batch_idx=self._iter, data_batch=records,
                               outputs=metrics)
         self._iter += 1
@@ -357,9 +381,38 @@ class RLTrainLoop(BaseLoop):
             metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
         return metrics
 
+    def _check_signal(self, advantages: torch.Tensor, metrics: dict[str, float]) -> None:
+        """Warns when no response of the global batch has had a non-zero advantage for
+        ``no_signal_warn_steps`` steps in a row: such steps change nothing (``loss/pg``
+        0, gradient 0) but cost a full rollout."""
+        nonzero = all_reduce(torch.tensor([float((advantages != 0).sum())], dtype=torch.float64))
+        self._no_signal_steps = 0 if nonzero.item() > 0 else self._no_signal_steps + 1
+        if self._no_signal_steps == self.no_signal_warn_steps:
+            print_log(
+                f'no learning signal for {self._no_signal_steps} steps: every response had '
+                f'advantage 0 (reward/mean {metrics.get("reward/mean", float("nan")):.3f}; '
+                'within each group all rewards were equal). Check that the reward function can '
+                'score this policy (tools/evaluate.py on a few records), or raise '
+                'num_responses, the sampling temperature, or use easier prompts / a warm-started '
+                'model', logger='current', level=logging.WARNING)
+
     def _log_validation(self, step: int, metrics: dict[str, float]) -> None:
         shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
         self.runner.logger.info(f'Validation at step {step}: {shown}')
+
+
+@contextmanager
+def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
+    """Runs the block on torch RNG streams of its own, seeded from ``(seed, step)``.
+
+    Validation samples with it, so the training stream (which the checkpoint
+    saves) is the same whether or not a validation ran: a run resumed with a
+    different ``max_steps`` (whose last step validates) continues exactly.
+    """
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(((seed or 0) * 1_000_003 + step) % 2**63)
+        yield
 
 
 def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,

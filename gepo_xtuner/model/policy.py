@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import transformers
+from mmengine.logging import print_log
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS
 from torch import Tensor
@@ -91,6 +92,10 @@ class RLPolicy(BaseModel):
             always runs the padded ``[left-padded prompt | right-padded response]``
             block. Batches with images always take the padded path. Why packing was
             declined is in ``packing_problem``; ``packs`` says whether it is on.
+        pad_token: the token that fills padding, for tokenizers without one (Llama
+            family). Default: the tokenizer's own pad token, else its EOS token (with
+            a log line). Padding is always masked, so its identity only matters for
+            a token the model must never see as a real one.
     """
 
     def __init__(self, pretrained: str, policy_loss: dict, tokenizer: str | None = None,
@@ -98,7 +103,8 @@ class RLPolicy(BaseModel):
                  trust_remote_code: bool = False, processor: str | None = None,
                  gradient_checkpointing: bool = False, kl_coef: float = 0.0,
                  packing: str = 'auto',
-                 data_preprocessor: dict | None = None, init_cfg: dict | None = None) -> None:
+                 pad_token: str | None = None, data_preprocessor: dict | None = None,
+                 init_cfg: dict | None = None) -> None:
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
         if packing not in PACKING_MODES:
             raise ValueError(f'model.packing must be one of {PACKING_MODES}, got {packing!r}')
@@ -119,6 +125,7 @@ class RLPolicy(BaseModel):
             self.tokenizer = self.processor.tokenizer
         else:
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or pretrained, **remote)
+        set_pad_token(self.tokenizer, pad_token)
         if gradient_checkpointing:
             # non-reentrant: works whether or not the inputs (token ids) require grad
             self.llm.gradient_checkpointing_enable(
@@ -341,6 +348,29 @@ class RLPolicy(BaseModel):
         """
         log_vars = OrderedDict((k, v.detach().float()) for k, v in losses.items())
         return losses['loss'], log_vars
+
+
+def set_pad_token(tokenizer: Any, pad_token: str | None) -> None:
+    """Gives ``tokenizer`` a pad token: ``pad_token`` if given, else its EOS if it has none.
+
+    Raises:
+        ValueError: the tokenizer has neither a pad nor an EOS token and none is given.
+    """
+    if pad_token is not None:
+        if pad_token not in tokenizer.get_vocab():
+            raise ValueError(f'model.pad_token {pad_token!r} is not in the tokenizer vocabulary; '
+                             'name an existing token (e.g. the EOS token)')
+        tokenizer.pad_token = pad_token
+        return
+    if tokenizer.pad_token_id is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ValueError('the tokenizer has neither a pad token nor an EOS token: set '
+                         "model.pad_token='<a token of its vocabulary>'")
+    tokenizer.pad_token = tokenizer.eos_token
+    print_log(f'the tokenizer has no pad token: padding with its EOS token '
+              f'{tokenizer.eos_token!r} (padding is masked; set model.pad_token to choose '
+              'another)', logger='current')
 
 
 def packing_support(model: torch.nn.Module) -> str | None:
