@@ -66,6 +66,15 @@ $(TRL_DEPS)/.installed: benchmarks/requirements-trl.txt
 bench-trl: $(TRL_DEPS)/.installed
 	PYTHONPATH=$(abspath $(TRL_DEPS))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/vs_trl.py $(BENCH_TRL_ARGS)
 
+# The trainer side of one RL step (old-logprob pass + update), side by side in one process:
+# the bare-compute floor, our packed passes, our padded passes and TRL's GRPOTrainer
+# (benchmarks/bench_rl_step.py, about 3 minutes on 2 cores; TRL from $(TRL_DEPS) as above).
+BENCH_STEP_ARGS ?=
+.PHONY: bench-step
+
+bench-step: $(TRL_DEPS)/.installed
+	PYTHONPATH=$(abspath $(TRL_DEPS))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/bench_rl_step.py $(BENCH_STEP_ARGS)
+
 # transformers 5 (Qwen3.5) for xtuner 0.2.0, which pins 4.48 (docs/transformers5.md). Installed into
 # $(TF5_DEPS) and put first on PYTHONPATH for one command; the venv keeps transformers 4.48:
 #   PYTHONPATH=$PWD/work_dirs/tf5_deps .venv/bin/python -m xtuner.tools.train CFG

@@ -80,7 +80,9 @@ class RLTrainLoop(BaseLoop):
         max_tokens_per_micro_batch: token budget of one forward/backward: a
             minibatch is split into the fewest micro-batches whose padded block
             (``rows x (longest prompt + longest response)``) fits, balanced
-            (:func:`~gepo_xtuner.engine.batching.micro_batches`); None: one
+            (:func:`~gepo_xtuner.engine.batching.micro_batches`); when the policy
+            packs sequences (``model.packing``, text-only steps) the budget counts
+            real tokens instead, ``sum (prompt + response)``; None: one
             micro-batch per minibatch. The optimizer wrapper must not set
             ``accumulative_counts``: the loop accumulates.
         logprob_max_tokens_per_micro_batch: the same budget for the no-grad

@@ -71,7 +71,8 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
         input_ids: ``(B, L)`` long.
         attention_mask: ``(B, L)``, 1 at real tokens (contiguous in every row).
         position_ids: ``(B, L)`` or ``(3, B, L)``, the positions the padded block would use.
-        response_mask: ``(B, R)`` bool; row i's response is its first ``r_i`` columns.
+        response_mask: ``(B, R)`` bool, the response tokens to score (a subset of the
+            real ones in the last R columns).
 
     Returns:
         The :class:`PackedRows`, or None when a row with a response has no prompt
@@ -80,9 +81,10 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
     keep = attention_mask.bool()
     lengths = keep.sum(1)
     width = response_mask.shape[1]
-    response_len = response_mask.sum(1)
-    prompt_len = lengths - response_len
-    if bool(((prompt_len < 1) & (response_len > 0)).any()):
+    # the prompt is what precedes the last R columns (response tokens the mask leaves out
+    # may still be attended, e.g. a micro-batch whose losses are all masked)
+    prompt_len = keep[:, :keep.shape[1] - width].sum(1)
+    if bool(((prompt_len < 1) & response_mask.any(1)).any()):
         return None
     cu = F.pad(lengths.cumsum(0), (1, 0))
     ids = input_ids[keep][None]

@@ -34,14 +34,36 @@ class HFRolloutBackend(RolloutBackend):
     temperature)``, the distribution sampled from (before the suppression, as the
     trainer scores them).
 
+    Length-aware batching: the ``len(requests) * n`` rows are ordered by prompt
+    length (stable, so a prompt's n samples stay together) before they are cut into
+    ``generate`` calls of at most ``batch_size`` rows and ``max_tokens_per_batch``
+    padded positions (``rows x (longest prompt + max_new_tokens)``). Rows of a call
+    then share a prompt width (little left padding) and, prompts of one task type
+    being of similar length, tend to finish together, so fewer finished rows idle
+    while the longest one decodes. Results come back in request order. The order is
+    a pure function of the prompts, so sampling stays a function of the global RNG
+    state (resume reproduces an uninterrupted run).
+
     Args:
         batch_size: sequences per ``generate`` call (memory bound).
+        max_tokens_per_batch: optional cap on a call's padded positions,
+            ``rows x (longest prompt + max_new_tokens)``; a row over it alone gets a
+            call of its own. None: only ``batch_size`` limits a call.
+        sort_by_length: order rows by prompt length before batching (default True);
+            False keeps the request order.
     """
 
-    def __init__(self, batch_size: int = 256) -> None:
+    def __init__(self, batch_size: int = 256, max_tokens_per_batch: int | None = None,
+                 sort_by_length: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+        if max_tokens_per_batch is not None and not (isinstance(max_tokens_per_batch, int)
+                                                     and max_tokens_per_batch >= 1):
+            raise ValueError('max_tokens_per_batch must be an int >= 1 or None, got '
+                             f'{max_tokens_per_batch!r}')
         self.batch_size = batch_size
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.sort_by_length = sort_by_length
         self.model: nn.Module | None = None
         self.pad_token_id: int | None = None
         self.suppress: tuple[int, ...] = ()
@@ -65,21 +87,52 @@ class HFRolloutBackend(RolloutBackend):
                     '(RolloutRequest.mm_inputs); prompts with images must be encoded with the '
                     "policy's processor (RLPolicy with a vision-language model_class)")
         rows = [(r.prompt_ids, r.mm_inputs or {}) for r in requests for _ in range(params.n)]
-        if can_concat([r.mm_inputs for r in requests if r.mm_inputs]):
-            groups = [rows]
-        else:  # a processor that pads images per batch: one prompt per generate call
-            groups = [rows[i * params.n:(i + 1) * params.n] for i in range(len(requests))]
-        samples: list[RolloutSample] = []
+        samples: list[RolloutSample | None] = [None] * len(rows)
         was_training = self.model.training
         self.model.eval()
         try:
-            for group in groups:
-                for start in range(0, len(group), self.batch_size):
-                    samples.extend(self._generate_batch(group[start:start + self.batch_size],
-                                                        params))
+            for call in self.plan(requests, params):
+                for i, sample in zip(call, self._generate_batch([rows[i] for i in call],
+                                                                params)):
+                    samples[i] = sample
         finally:
             self.model.train(was_training)
         return [samples[i * params.n:(i + 1) * params.n] for i in range(len(requests))]
+
+    def plan(self, requests: Sequence[RolloutRequest], params: SamplingParams
+             ) -> list[list[int]]:
+        """The ``generate`` calls: lists of row indices (row ``i * n + k`` is request
+        ``i``'s k-th sample), covering every row once, in the order they run.
+
+        Rows are ordered by prompt length (if ``sort_by_length``), then cut greedily at
+        ``batch_size`` rows or ``max_tokens_per_batch`` padded positions. Requests whose
+        images cannot share a batch (per-batch image padding) get one call per prompt.
+        """
+        n = params.n
+        length = [len(r.prompt_ids) for r in requests for _ in range(n)]
+        if can_concat([r.mm_inputs for r in requests if r.mm_inputs]):
+            groups = [list(range(len(length)))]
+        else:  # a processor that pads images per batch: one prompt per generate call
+            groups = [list(range(i * n, (i + 1) * n)) for i in range(len(requests))]
+        calls: list[list[int]] = []
+        for group in groups:
+            if self.sort_by_length:
+                group = sorted(group, key=lambda i: length[i])  # stable
+            call: list[int] = []
+            width = 0
+            for i in group:
+                wider = max(width, length[i])
+                over = (self.max_tokens_per_batch is not None and
+                        (len(call) + 1) * (wider + params.max_new_tokens)
+                        > self.max_tokens_per_batch)
+                if call and (len(call) == self.batch_size or over):
+                    calls.append(call)
+                    call, wider = [], length[i]
+                call.append(i)
+                width = wider
+            if call:
+                calls.append(call)
+        return calls
 
     def _generate_batch(self, rows: list[tuple[list[int], MMInputs]], params: SamplingParams
                         ) -> list[RolloutSample]:

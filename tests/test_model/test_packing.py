@@ -29,8 +29,9 @@ def save_llama(path):  # grouped-query attention (4 heads, 2 KV heads), untied h
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
                          eos_token_id=2)
-    torch.manual_seed(5)
-    LlamaForCausalLM(config).save_pretrained(path)
+    with torch.random.fork_rng(devices=[]):  # leaves the global RNG to the other tests
+        torch.manual_seed(5)
+        LlamaForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
 
 
@@ -84,6 +85,19 @@ def test_packed_logprobs_entropies_loss_and_gradients_equal_padded(model_dir, ch
     torch.testing.assert_close(packed.out['loss'], padded.out['loss'], rtol=1e-5, atol=1e-6)
     for a, b in zip(grads(packed), grads(padded), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_masked_response_tokens_that_are_attended_keep_their_place(model_dir):
+    """Response tokens left out of the loss (mask False) still count in the sequence."""
+    packed, padded = RLPolicy(model_dir, LOSS), RLPolicy(model_dir, LOSS, packing='off')
+    inputs = padded_batch([4, 2, 5], [5, 3, 4], seed=3)
+    inputs['response_mask'][0, 2:] = False  # attended, not scored
+    inputs['response_mask'][2, :] = False
+    mask = inputs['response_mask']
+    lp, ent = packed(inputs=inputs, mode='logprobs')
+    ref_lp, ref_ent = padded(inputs=inputs, mode='logprobs')
+    torch.testing.assert_close(lp[mask], ref_lp[mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent[mask], ref_ent[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_kl_reference_runs_packed_and_matches(model_dir):

@@ -1,0 +1,307 @@
+"""Trainer side of one RL step (old-logprob pass + update) against the floor, padding and TRL.
+
+One process, one workload, four variants timed in interleaved rounds (medians):
+
+- ``floor``: the bare compute of the same two passes over exactly the real tokens,
+  packed, no padding: a no-grad forward, then a forward + backward of the summed
+  next-token cross-entropy over every real token, per block of the same real-token
+  budget; no logprob/entropy bookkeeping, no policy loss, no optimizer step.
+- ``ours``: the RL loop's own ``RLTrainLoop._old_logprobs`` and ``RLTrainLoop._update``
+  (``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``, AdamW, clip 1) on an
+  ``RLPolicy`` that packs (``packing='auto'``), budget ``--max-tokens`` real tokens.
+- ``padded``: the same loop code on ``RLPolicy(packing='off')``: length-sorted
+  micro-batches of at most ``--max-tokens`` padded positions, each a
+  ``[left-padded prompt | right-padded response]`` block.
+- ``trl``: TRL's ``GRPOTrainer`` (set up as in ``benchmarks/vs_trl.py``: CISPO,
+  AdamW, clip 1, no KL) on the same responses: its old-logprob pass
+  (``_get_per_token_logps_and_entropies``), then per micro-batch of
+  ``per_device_train_batch_size`` rows what ``training_step`` does after generation
+  (``compute_loss`` + ``accelerator.backward``), then one clipped optimizer step. As in TRL, all
+  rows are padded to the batch's longest completion, shuffled and split into
+  micro-batches of a fixed row count, here the most rows whose padded block fits the
+  same ``--max-tokens`` budget.
+
+Workload: a Qwen2 of ~24M parameters built from a config (random weights, fp32),
+``--responses`` responses of log-normal length (``sigma`` 0.9: the 90th percentile
+is about 10x the 10th, as for reasoning outputs), prompts of 6-14 tokens as in the
+tiny setting, one minibatch (one optimizer step). Throughput is real tokens
+(prompt + response) per second of the two passes. Memory: peak resident memory
+above the level before the variant's run (sampled every 2 ms after returning freed
+heap to the OS), so it covers activations, logits, gradients and, once created,
+optimizer state.
+
+Needs TRL for ``trl``: ``make bench-step`` puts ``work_dirs/bench_trl_deps`` (``make
+bench-trl``'s TRL 1.16 + transformers 4.57) first on ``PYTHONPATH``; without it the
+TRL column is skipped and its ratio printed as ``nan``. Last line:
+``ratio_ours_over_floor=<x> ratio_padded_over_ours=<y> ratio_trl_over_ours=<z>``.
+"""
+
+import argparse
+import ctypes
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.modules.setdefault('bitsandbytes', None)  # see vs_trl.py: would break `import trl`
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def rss() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def trim_heap() -> None:
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except OSError:
+        pass
+
+
+def measured(fn: Callable[[], Any]) -> tuple[float, float]:
+    """``(seconds, peak extra MiB)`` of one call."""
+    trim_heap()
+    base, peak, stop = rss(), [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    t = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t
+    stop.set()
+    thread.join()
+    return seconds, max(0, max(peak[0], rss()) - base) / 2**20
+
+
+def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed: int):
+    """Prompts (6-14 tokens) and log-normal response lengths, as a ResponseBatch."""
+    from gepo_xtuner.engine.batching import build_response_batch
+    from gepo_xtuner.rollout import RolloutSample
+    gen = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(6, 15, (n, ), generator=gen)
+    length = torch.exp(math.log(median) + sigma * torch.randn(n, generator=gen))
+    length = length.round().long().clamp(2, max_len)
+    prompts = [torch.randint(4, vocab, (int(p), ), generator=gen).tolist() for p in prompt_len]
+    samples = [[RolloutSample(torch.randint(4, vocab, (int(r), ), generator=gen).tolist(),
+                              [0.0] * int(r), 'stop')] for r in length]
+    batch = build_response_batch(prompts, samples, pad_token_id=0)
+    advantages = torch.randn(n, generator=gen)
+    return batch, advantages
+
+
+def save_model(path: Path, vocab: int, hidden: int, layers: int) -> int:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from gepo_xtuner.model.tiny import build_char_tokenizer
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
+                         intermediate_size=hidden * 11 // 4, max_position_embeddings=4096,
+                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
+    build_char_tokenizer().save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def loop_namespace(policy: Any, max_tokens: int, minibatch: int) -> Any:
+    """What ``RLTrainLoop._old_logprobs`` / ``_update`` read from the loop, for one process."""
+    from mmengine.optim import OptimWrapper
+    from gepo_xtuner.rollout import SamplingParams
+    optim = OptimWrapper(torch.optim.AdamW(policy.parameters(), lr=1e-6, betas=(0.9, 0.99)),
+                         clip_grad=dict(max_norm=1.0))
+    return SimpleNamespace(policy=policy, runner=SimpleNamespace(model=policy, optim_wrapper=optim),
+                           logprob_max_tokens=max_tokens, max_tokens=max_tokens,
+                           minibatch_size=minibatch, ppo_epochs=1,
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=4096))
+
+
+Step = Callable[[Any, torch.Tensor], None]  # (ResponseBatch, advantages (N,)) -> None
+
+
+def make_loop_step(policy: Any, max_tokens: int) -> Step:
+    from gepo_xtuner.engine.loop import RLTrainLoop
+
+    def step(batch: Any, advantages: torch.Tensor) -> None:
+        loop = loop_namespace(policy, max_tokens, len(batch))
+        old, _ = RLTrainLoop._old_logprobs(loop, batch)
+        RLTrainLoop._update(loop, batch, old, advantages, None)
+
+    return step
+
+
+def make_floor_step(model: Any, max_tokens: int) -> Step:
+    from gepo_xtuner.engine.batching import micro_batches
+    from gepo_xtuner.model.packing import pack_rows, packed_sequences, use_packed_attention
+    use_packed_attention(model)
+
+    def forward(packed: Any) -> torch.Tensor:
+        return model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                     attention_mask=packed_sequences(packed.cu_seqlens), use_cache=False).logits
+
+    def step(batch: Any, advantages: torch.Tensor) -> None:
+        prompt_len, response_len = batch.lengths()
+        blocks = []
+        for rows in micro_batches(torch.arange(len(batch)), prompt_len, response_len,
+                                  max_tokens, packed=True):
+            part = batch.rows(rows)
+            positions = (part.attention_mask.cumsum(-1) - 1).clamp_min(0)
+            packed = pack_rows(part.input_ids, part.attention_mask, positions,
+                               part.response_mask)
+            targets = packed.input_ids.roll(-1, 1)
+            targets[0, (packed.cu_seqlens[1:] - 1).long()] = -100  # a sequence's last token
+            blocks.append((packed, targets))
+        with torch.no_grad():
+            for packed, _ in blocks:
+                forward(packed)
+        for packed, targets in blocks:
+            logits = forward(packed)
+            F.cross_entropy(logits[0], targets[0], reduction='sum').backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def make_trl_step(model_dir: Path, rows: int, work: Path) -> Step:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    args = GRPOConfig(
+        output_dir=str(work / 'trl'), use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, optim='adamw_torch', per_device_train_batch_size=rows,
+        # generation is bypassed: these only satisfy GRPOConfig's divisibility checks
+        steps_per_generation=1 if rows > 1 else 2, num_generations=max(rows, 2),
+        learning_rate=1e-6, adam_beta1=0.9,
+        adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type='constant',
+        beta=0.0, loss_type='cispo', epsilon_high=5.0, max_completion_length=4096,
+        logging_steps=10**9, save_strategy='no', report_to='none', disable_tqdm=True,
+        use_vllm=False)
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        reward_funcs=lambda completions, **_: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_list([dict(prompt='x')] * 2),
+        processing_class=AutoTokenizer.from_pretrained(model_dir))
+    trainer.create_optimizer_and_scheduler(num_training_steps=10**6)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's train loop
+    model = trainer.model
+    model.train()
+
+    def step(batch: Any, advantages: torch.Tensor) -> None:
+        p = batch.input_ids.shape[1] - batch.response_width
+        prompt_ids, prompt_mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
+        completion_ids, completion_mask = batch.input_ids[:, p:], batch.attention_mask[:, p:]
+        tokens = completion_mask.sum().float()  # TRL: a tensor
+        with torch.no_grad():  # TRL's old-logprob pass, in chunks of per_device rows
+            old, _, _ = trainer._get_per_token_logps_and_entropies(
+                model, batch.input_ids, batch.attention_mask, completion_ids.shape[1],
+                batch_size=rows)
+        for chunk in torch.randperm(len(batch)).split(rows):
+            inputs = dict(prompt_ids=prompt_ids[chunk], prompt_mask=prompt_mask[chunk],
+                          completion_ids=completion_ids[chunk],
+                          completion_mask=completion_mask[chunk],
+                          advantages=advantages[chunk], old_per_token_logps=old[chunk],
+                          num_items_in_batch=tokens)
+            # Trainer.training_step minus its _prepare_inputs (which would generate)
+            with trainer.compute_loss_context_manager():
+                loss = trainer.compute_loss(model, inputs, num_items_in_batch=tokens)
+            trainer.accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--responses', type=int, default=32)
+    p.add_argument('--median-length', type=float, default=48.0)
+    p.add_argument('--sigma', type=float, default=0.9, help='log-normal shape of the lengths')
+    p.add_argument('--max-length', type=int, default=512)
+    p.add_argument('--max-tokens', type=int, default=4096, help='tokens per micro-batch')
+    p.add_argument('--vocab', type=int, default=8192)
+    p.add_argument('--hidden', type=int, default=512)
+    p.add_argument('--layers', type=int, default=6)
+    p.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
+    p.add_argument('--threads', type=int, default=torch.get_num_threads())
+    p.add_argument('--skip-trl', action='store_true')
+    p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'bench_rl_step'),
+                   help='where the model is written')
+    a = p.parse_args(argv)
+    t_start = time.perf_counter()
+    torch.set_num_threads(a.threads)
+    (work := Path(a.work_dir).resolve()).mkdir(parents=True, exist_ok=True)
+    params = save_model(work / 'model', a.vocab, a.hidden, a.layers)
+    batch, advantages = workload(a.responses, a.median_length, a.sigma, a.max_length, a.vocab,
+                                 seed=0)
+    prompt_len, response_len = batch.lengths()
+    real = int(prompt_len.sum() + response_len.sum())
+    q = torch.quantile(response_len.float(), torch.tensor([0.1, 0.5, 0.9]))
+    print(f'versions: torch={torch.__version__} '
+          f'transformers={__import__("transformers").__version__} threads={a.threads}')
+    print(f'workload: Qwen2 {params / 1e6:.1f}M params (hidden {a.hidden}, {a.layers} layers, '
+          f'vocab {a.vocab}), fp32 cpu; {a.responses} responses, lengths p10/p50/p90 = '
+          f'{q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} (max {int(response_len.max())}), prompts '
+          f'{int(prompt_len.min())}-{int(prompt_len.max())}; {real} real tokens, padded block '
+          f'{batch.input_ids.numel()}; budget {a.max_tokens} tokens per micro-batch')
+
+    from transformers import AutoModelForCausalLM
+    from gepo_xtuner.model.policy import RLPolicy
+    loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
+    ours = RLPolicy(str(work / 'model'), loss)
+    padded = RLPolicy(str(work / 'model'), loss, packing='off')
+    assert ours.packs, ours.packing_problem
+    steps: dict[str, Step] = {
+        'floor': make_floor_step(AutoModelForCausalLM.from_pretrained(work / 'model'),
+                                 a.max_tokens),
+        'ours': make_loop_step(ours, a.max_tokens),
+        'padded': make_loop_step(padded, a.max_tokens)}
+    trl_note = ''
+    if not a.skip_trl:
+        rows = max(1, a.max_tokens // batch.input_ids.shape[1])  # TRL pads to the longest
+        try:
+            steps['trl'] = make_trl_step(work / 'model', rows, work)
+            trl_note = f' trl={__import__("trl").__version__} ({rows} rows per micro-batch)'
+        except ImportError as exc:
+            trl_note = f' (TRL not importable: {exc}; run `make bench-step`)'
+    print(f'variants: {", ".join(steps)}{trl_note}')
+    small = torch.arange(4)
+    for fn in steps.values():  # warm-up on 4 rows: optimizer state, first-call costs
+        fn(batch.rows(small), advantages[small])
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    mems: dict[str, list[float]] = {k: [] for k in steps}
+    names = list(steps)
+    for r in range(a.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            seconds, mib = measured(lambda: steps[name](batch, advantages))
+            times[name].append(seconds)
+            mems[name].append(mib)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for name in names:
+        print(f'{name:<7} median_s={med[name]:.3f} (min {min(times[name]):.3f}, max '
+              f'{max(times[name]):.3f})  tokens_per_s={real / med[name]:.0f}  '
+              f'peak_extra_mib={max(mems[name]):.0f}')
+    print(f'total wall time {time.perf_counter() - t_start:.1f}s; load average '
+          f'{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
+    trl = med['trl'] / med['ours'] if 'trl' in med else float('nan')
+    print(f'ratio_ours_over_floor={med["ours"] / med["floor"]:.3f} '
+          f'ratio_padded_over_ours={med["padded"] / med["ours"]:.3f} ratio_trl_over_ours={trl:.3f}')
+
+
+if __name__ == '__main__':
+    main()
