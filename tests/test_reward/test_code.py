@@ -16,10 +16,10 @@ import pytest
 
 from gepo_xtuner.reward import CodeReward, RewardRouter
 from gepo_xtuner.reward.code import extract_code, parse_tests
-from gepo_xtuner.reward.sandbox import Sandbox, SandboxError, namespaces_available
+from gepo_xtuner.reward.sandbox import Sandbox, SandboxError, available_levels
 
 HARNESS = str(Path(__file__).parents[2] / 'gepo_xtuner' / 'reward' / 'sandbox_harness.py')
-MODES = ['audit_hook'] + (['namespaces'] if namespaces_available(os.sys.executable) else [])
+MODES = [level for level, why_not in available_levels().items() if why_not is None]
 
 # LiveCodeBench-like stdin problem: maximum subarray sum.
 MAX_SUBARRAY = {
@@ -198,8 +198,13 @@ def test_code_runs_in_a_fresh_directory_with_stdin(sandbox):
     assert result.stdout == "[] hello\n"
 
 
-@pytest.mark.skipif('namespaces' not in MODES, reason='no user/PID namespaces here')
-def test_pid_namespace_kills_processes_that_left_the_session(monkeypatch, tmp_path):
+# levels whose PID namespace is the kernel's and that let a non-root trainer's code fork
+PID_NS_MODES = [m for m in ('bwrap', 'landlock') if m in MODES and 'namespaces' in MODES]
+
+
+@pytest.mark.skipif(not PID_NS_MODES, reason='no user/PID namespaces here')
+@pytest.mark.parametrize('level', PID_NS_MODES)
+def test_pid_namespace_kills_processes_that_left_the_session(monkeypatch, tmp_path, level):
     """A daemonised grandchild (setsid + exec) escapes a process-group kill; the PID
     namespace still ends it. As root, process creation is refused by the audit hook, so
     the euid check is patched to exercise the namespace on its own."""
@@ -209,7 +214,7 @@ def test_pid_namespace_kills_processes_that_left_the_session(monkeypatch, tmp_pa
     code = ('import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n'
             f'        os.execv("/bin/sleep", ["sleep", "{marker}"])\n    os._exit(0)\n'
             'time.sleep(0.3)\nprint("spawned")\n')
-    result = Sandbox(timeout_s=2, isolation='namespaces', tmp_dir=str(tmp_path)).run(code)
+    result = Sandbox(timeout_s=2, isolation=level, tmp_dir=str(tmp_path)).run(code)
     assert result.stdout == 'spawned\n'
     time.sleep(0.2)
     leftovers = [pid for pid in os.listdir('/proc') if pid.isdigit()
@@ -226,7 +231,7 @@ def _cmdline(pid: str) -> bytes:
 
 @pytest.mark.skipif(os.geteuid() == 0, reason='the kernel ignores RLIMIT_NPROC for root')
 def test_process_limit_as_non_root():
-    box = Sandbox(timeout_s=2, max_processes=8, isolation=MODES[-1])
+    box = Sandbox(timeout_s=2, max_processes=8, isolation=MODES[0])
     code = ('import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n'
             '            time.sleep(5)\n            os._exit(0)\n        n += 1\n'
             '    except OSError:\n        break\nprint(n)\n')
