@@ -42,7 +42,10 @@ setup(
     license='Apache-2.0',
     python_requires='>=3.10',
     packages=find_packages(include=['gepo_xtuner', 'gepo_xtuner.*']),
-    py_modules=['_gepo_xtuner_transformers5'],
+    py_modules=['_gepo_xtuner_transformers5', 'gepo_xtuner_launch'],
+    # `gepo-train CONFIG`: xtuner's training program with this interpreter, its exit
+    # status, signals forwarded, stopped when the launcher dies (gepo_xtuner_launch.py)
+    entry_points={'console_scripts': ['gepo-train = gepo_xtuner_launch:main']},
     cmdclass={'build_py': BuildPyWithStartupHook},
     install_requires=[
         'torch>=2.4',

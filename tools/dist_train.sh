@@ -22,8 +22,10 @@
 #
 # `xtuner train` reads NNODES, NODE_RANK and NPROC_PER_NODE too, but calls the rendezvous
 # address ADDR and PORT (a random port when unset) and always exits 0. This script runs
-# the same program, `python -m xtuner.tools.train ... --launcher pytorch`, under torchrun
-# (`python -m torch.distributed.run`) and keeps its exit status.
+# the same program through gepo-train (`python -m gepo_xtuner_launch`): `python -m
+# xtuner.tools.train ... --launcher pytorch` under torchrun (`python -m
+# torch.distributed.run`; one process on one node runs without torchrun), with its exit
+# status, SIGINT/SIGTERM/SIGHUP passed on, and training stopped if the launcher is killed.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_common.sh"
@@ -52,7 +54,7 @@ if [[ -n ${LMDEPLOY_ADDR_FILE:-} ]]; then
 else
     master_addr=${MASTER_ADDR:-127.0.0.1}
 fi
-cmd+=("${PYTHON:-python}" -m torch.distributed.run --nnodes="$nnodes" --node_rank="$node_rank"
-    --nproc_per_node="$nproc" --master_addr="$master_addr" --master_port="$master_port"
-    -m xtuner.tools.train "$config" --launcher pytorch "$@")
+cmd+=("${PYTHON:-python}" -m gepo_xtuner_launch --nnodes="$nnodes" --node-rank="$node_rank"
+    --nproc-per-node="$nproc" --master-addr="$master_addr" --master-port="$master_port"
+    "$config" "$@")
 run_cmd "${cmd[@]}"

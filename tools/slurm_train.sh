@@ -14,11 +14,12 @@
 #                       GEPO_LMDEPLOY_URL / GEPO_LMDEPLOY_TP are passed to training
 #   DRY_RUN=1           print the command instead of running it
 #
-# The program is the one `xtuner train CONFIG --launcher slurm` runs, called as
-# `python -m xtuner.tools.train` because `xtuner train` always exits 0, also when training
-# failed; this way Slurm records failures. Each task first sets MASTER_ADDR to the step's
-# first node (training rank 0): mmengine's rendezvous and the config's LMDeploy address
-# (GEPO_LMDEPLOY_URL=launch) and NCCL weight sync use it.
+# The program is the one `xtuner train CONFIG --launcher slurm` runs, started by gepo-train
+# (`python -m gepo_xtuner_launch`) because `xtuner train` always exits 0, also when training
+# failed; this way Slurm records failures, signals reach training, and a task whose
+# launcher is killed stops training (gepo_xtuner_launch.py). Each task first sets
+# MASTER_ADDR to the step's first node (training rank 0): mmengine's rendezvous and the
+# config's LMDeploy address (GEPO_LMDEPLOY_URL=launch) and NCCL weight sync use it.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/cluster_common.sh"
@@ -58,5 +59,5 @@ cmd+=(srun -p "$partition" --job-name="$job_name" --gres=gpu:"$gpus_per_node"
     --ntasks="$gpus" --ntasks-per-node="$gpus_per_node" --cpus-per-task="$cpus_per_task"
     --kill-on-bad-exit=1 "${srun_args[@]}"
     bash -c "$set_master" slurm_train
-    "${PYTHON:-python}" -m xtuner.tools.train "$config" --launcher slurm "$@")
+    "${PYTHON:-python}" -m gepo_xtuner_launch "$config" --launcher slurm "$@")
 run_cmd "${cmd[@]}"

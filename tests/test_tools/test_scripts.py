@@ -65,7 +65,7 @@ def test_slurm_train_prints_the_exact_srun_command():
         'srun -p gpu --job-name=gepo --gres=gpu:8 --ntasks=16 --ntasks-per-node=8 '
         '--cpus-per-task=8 --kill-on-bad-exit=1 '
         f"bash -c '{SET_MASTER}' slurm_train "
-        f'python -m xtuner.tools.train {CONFIG} --launcher slurm --deepspeed deepspeed_zero2')
+        f'python -m gepo_xtuner_launch {CONFIG} --launcher slurm --deepspeed deepspeed_zero2')
 
 
 def test_slurm_train_environment_overrides_and_quoting():
@@ -76,7 +76,7 @@ def test_slurm_train_environment_overrides_and_quoting():
         'srun', '-p', 'gpu', '--job-name=my job', '--gres=gpu:4', '--ntasks=8',
         '--ntasks-per-node=4', '--cpus-per-task=12', '--kill-on-bad-exit=1',
         '--time=1:00:00', '-w', 'node1', 'bash', '-c', SET_MASTER, 'slurm_train',
-        '/opt/env/bin/python', '-m', 'xtuner.tools.train', CONFIG, '--launcher', 'slurm',
+        '/opt/env/bin/python', '-m', 'gepo_xtuner_launch', CONFIG, '--launcher', 'slurm',
         '--work-dir', "/tmp/a b'c"]
 
 
@@ -153,11 +153,23 @@ def test_task_wrapper_exports_the_first_node_with_fake_scontrol(tmp_path):
 
 
 # ---------------------------------------------------------------- dist_train.sh
-def test_dist_train_prints_the_exact_torchrun_command():
+def test_dist_train_prints_the_exact_launcher_command():
     assert dry_run('dist_train.sh', CONFIG, '--deepspeed', 'deepspeed_zero2') == (
-        'python -m torch.distributed.run --nnodes=1 --node_rank=0 --nproc_per_node=8 '
-        '--master_addr=127.0.0.1 --master_port=29500 -m xtuner.tools.train '
-        f'{CONFIG} --launcher pytorch --deepspeed deepspeed_zero2')
+        'python -m gepo_xtuner_launch --nnodes=1 --node-rank=0 --nproc-per-node=8 '
+        f'--master-addr=127.0.0.1 --master-port=29500 {CONFIG} --deepspeed deepspeed_zero2')
+
+
+def test_dist_train_launcher_command_is_the_torchrun_command():
+    """What the launcher runs for the script's line: torchrun, xtuner's program, pytorch."""
+    from gepo_xtuner_launch import build_command
+
+    argv = shlex.split(dry_run('dist_train.sh', CONFIG, '--deepspeed', 'deepspeed_zero2'))
+    assert argv[:3] == ['python', '-m', 'gepo_xtuner_launch']
+    assert build_command(argv[3:], env={}, python='python') == [
+        'python', '-m', 'torch.distributed.run', '--nnodes=1', '--node_rank=0',
+        '--nproc_per_node=8', '--master_addr=127.0.0.1', '--master_port=29500',
+        '-m', 'xtuner.tools.train', CONFIG, '--deepspeed', 'deepspeed_zero2',
+        '--launcher', 'pytorch']
 
 
 def test_dist_train_multi_node_environment():
@@ -165,9 +177,9 @@ def test_dist_train_multi_node_environment():
                    NODE_RANK='1', NPROC_PER_NODE='4', MASTER_ADDR='nodeA', MASTER_PORT='29600',
                    PYTHON='/opt/env/bin/python')
     assert line == (
-        '/opt/env/bin/python -m torch.distributed.run --nnodes=2 --node_rank=1 '
-        '--nproc_per_node=4 --master_addr=nodeA --master_port=29600 -m xtuner.tools.train '
-        f'{CONFIG} --launcher pytorch --resume work_dirs/x/iter_20.pth')
+        '/opt/env/bin/python -m gepo_xtuner_launch --nnodes=2 --node-rank=1 '
+        '--nproc-per-node=4 --master-addr=nodeA --master-port=29600 '
+        f'{CONFIG} --resume work_dirs/x/iter_20.pth')
 
 
 def test_dist_train_with_a_server_uses_this_hosts_name_as_master(tmp_path):
@@ -176,7 +188,7 @@ def test_dist_train_with_a_server_uses_this_hosts_name_as_master(tmp_path):
     hostname = subprocess.run(['hostname'], capture_output=True, text=True,
                               check=True).stdout.strip()
     assert argv[:3] == ['env', 'GEPO_LMDEPLOY_URL=http://node3:23333', 'GEPO_LMDEPLOY_TP=1']
-    assert f'--master_addr={hostname}' in argv  # 127.0.0.1 is unreachable from the server
+    assert f'--master-addr={hostname}' in argv  # 127.0.0.1 is unreachable from the server
 
 
 @pytest.mark.parametrize('env, message', [
@@ -190,13 +202,13 @@ def test_dist_train_rejects_bad_environment(env, message):
 
 
 def test_dist_train_runs_xtuner_under_torchrun_and_keeps_the_exit_status(tmp_path):
-    """Real torchrun, one CPU process: a config that cannot load fails the script.
+    """Real launcher and torchrun, two CPU processes: a config that cannot load fails.
 
     (``xtuner train`` would exit 0 here.)
     """
     bad = tmp_path / 'bad_config.py'
     bad.write_text('model = dict(\n')
-    env = dict(NPROC_PER_NODE='1', MASTER_PORT=str(free_port()), PYTHON=sys.executable,
+    env = dict(NPROC_PER_NODE='2', MASTER_PORT=str(free_port()), PYTHON=sys.executable,
                OMP_NUM_THREADS='1')
     proc = run('dist_train.sh', str(bad), dry_run=False, **env)
     assert proc.returncode == 1
