@@ -35,11 +35,11 @@ demo-analysis: $(STAMP)
 	$(PY) tools/make_sample_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl
 	$(PY) tools/analyze_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl --out $(ANALYSIS_DIR)
 
-test: $(STAMP)
+test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(PY) -m pytest -m "not slow"
 
 # everything, including the `slow` tests (smoke runs of every shipped config)
-test-all: $(STAMP)
+test-all: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(PY) -m pytest
 
 bench: $(STAMP)
@@ -89,4 +89,26 @@ $(TF5_DEPS)/.installed: requirements-transformers5.txt
 	test -x $(PY) || $(MAKE) $(STAMP)
 	rm -rf $(TF5_DEPS)
 	$(PY) -m pip install --no-deps --target $(TF5_DEPS) -r requirements-transformers5.txt
+	touch $@
+
+# XTuner v1's RL trainer (xtuner/v1: Ray + LMDeploy, not on PyPI) for
+# gepo_xtuner.integrations.xtuner_v1 and its tests (docs/xtuner_v1.md). The wheel, built from
+# XTuner's main branch, has the name and version of PyPI's xtuner 0.2.0, so it goes with the
+# packages of requirements-xtuner-v1.txt into $(XTUNER_V1_DEPS), put first on PYTHONPATH for the
+# processes that use v1; the venv keeps legacy xtuner and its torch is reused. `make test` sets
+# it up when the wheel is there and runs without it otherwise.
+XTUNER_V1_WHEEL_DIR ?= ../shared/wheels/xtuner-v1-b934f462
+XTUNER_V1_WHEEL := $(firstword $(wildcard $(XTUNER_V1_WHEEL_DIR)/xtuner-*.whl))
+XTUNER_V1_DEPS ?= work_dirs/xtuner_v1_deps
+XTUNER_V1_TEST_DEPS := $(if $(XTUNER_V1_WHEEL),$(XTUNER_V1_DEPS)/.installed)
+.PHONY: xtuner-v1-deps
+
+xtuner-v1-deps: $(XTUNER_V1_DEPS)/.installed
+
+$(XTUNER_V1_DEPS)/.installed: requirements-xtuner-v1.txt $(XTUNER_V1_WHEEL)
+	@test -n "$(XTUNER_V1_WHEEL)" || { echo "no XTuner v1 wheel in $(XTUNER_V1_WHEEL_DIR)"; exit 1; }
+	test -x $(PY) || $(MAKE) $(STAMP)
+	rm -rf $(XTUNER_V1_DEPS)
+	$(PY) -m pip install --no-deps --target $(XTUNER_V1_DEPS) -r requirements-xtuner-v1.txt \
+		$(XTUNER_V1_WHEEL)
 	touch $@
