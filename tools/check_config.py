@@ -197,6 +197,29 @@ class Checker:
             return f'{value} [{self.model_type(path, where)}]'
         return f'{value} [exists, {path.stat().st_size / 2**20:.1f} MiB]'
 
+    def records(self, dataset: dict, where: str) -> str:
+        """Checks every record of a reachable data file as the dataset will read it.
+
+        The same schema checks as ``PromptDataset`` and validation, with the dataset's
+        ``required``, ``fields`` and ``default_domain``; each bad record is a problem
+        ``FILE:LINE: field X: reason; fix`` (at most 20 lines per file).
+        """
+        from gepo_xtuner.data.records import scan_file
+
+        path = dataset.get('path')
+        if not self.check_paths or not isinstance(path, str) or not Path(path).is_file():
+            return ''
+        try:
+            count, problems = scan_file(path, required=tuple(dataset.get('required') or ()),
+                                        fields=dataset.get('fields'),
+                                        default_domain=dataset.get('default_domain'))
+        except (TypeError, ValueError) as exc:  # a malformed fields / required option
+            self.problem(where, exc)
+            return ''
+        for line in problems:
+            self.problem(where, line)
+        return f', {count} records' + (' checked' if not problems else ', BAD')
+
     def model_type(self, path: Path, where: str) -> str:
         config = path / 'config.json'
         if not config.is_file():
@@ -283,9 +306,14 @@ class Checker:
 
     def check_data(self, loader: dict, datasets, samplers, functions) -> None:
         dataset = loader.get('dataset')
-        if self.resolve(datasets, dataset, 'train_dataloader.dataset') is not None:
+        from gepo_xtuner.data import PromptDataset
+
+        cls = self.resolve(datasets, dataset, 'train_dataloader.dataset')
+        if cls is not None:
             self.rows['train data'] = self.path(dataset.get('path'),
                                                 'train_dataloader.dataset.path', 'file')
+            if issubclass(cls, PromptDataset):  # its record schema; other datasets have theirs
+                self.rows['train data'] += self.records(dataset, 'train_dataloader.dataset')
         if loader.get('sampler'):
             self.resolve(samplers, loader.sampler, 'train_dataloader.sampler')
         if loader.get('collate_fn'):
@@ -323,13 +351,15 @@ class Checker:
             from gepo_xtuner.engine.validation import BENCHMARK_KEYS
             sets = []
             if val.get('path') is not None:
-                sets.append(self.path(val['path'], 'train_cfg.val.path', 'file'))
+                sets.append(self.path(val['path'], 'train_cfg.val.path', 'file')
+                            + self.records(dict(path=val['path']), 'train_cfg.val.path'))
             for i, bench in enumerate(val.get('benchmarks') or []):
                 key = f'train_cfg.val.benchmarks[{i}]'
                 unknown = sorted(set(bench) - set(BENCHMARK_KEYS))
                 if unknown:
                     self.problem(key, f'unknown keys {unknown}; allowed: {list(BENCHMARK_KEYS)}')
-                where = self.path(bench.get('path'), f'{key}.path', 'file')
+                where = self.path(bench.get('path'), f'{key}.path', 'file') + self.records(
+                    dict(path=bench.get('path'), required=bench.get('required')), f'{key}.path')
                 sets.append(f'{bench.get("name", "?")}: {where}')
             if not sets:
                 self.problem('train_cfg.val', 'give path=... and/or benchmarks=[...]')

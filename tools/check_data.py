@@ -4,7 +4,7 @@
 Usage::
 
     python tools/check_data.py FILE [FILE ...] [--required FIELD ...]
-        [--allow-missing-images]
+        [--fields FIELD=SOURCE ...] [--default-domain DOMAIN] [--allow-missing-images]
 
 Each file (JSONL; Parquet when it ends in ``.parquet``) is read and every record checked
 against the schema of ``gepo_xtuner/data/records.py`` (see ``docs/data.md``). A bad file
@@ -16,7 +16,9 @@ A good file gets a summary: records, counts per ``domain`` and ``data_source``, 
 records give each field, image files found (and URLs, which are not fetched), and a
 warning for repeated ids (``tools/evaluate.py`` needs unique ids).
 
-``--required answer`` makes a field mandatory, as ``PromptDataset(required=[...])`` does.
+``--required answer`` makes a field mandatory, as ``PromptDataset(required=[...])`` does;
+``--fields prompt=question`` and ``--default-domain math`` read files with other column
+names, as ``PromptDataset(fields=dict(prompt='question'), default_domain='math')`` does.
 ``--allow-missing-images`` counts missing local image files instead of failing (for data
 checked away from the machine that holds the images).
 
@@ -56,12 +58,13 @@ def counts(counter: Counter, limit: int = 12) -> str:
     return shown + (f', ... ({more} more)' if more > 0 else '')
 
 
-def check_file(rec: ModuleType, path: Path, required: list[str], allow_missing: bool
+def check_file(rec: ModuleType, path: Path, required: list[str], allow_missing: bool,
+               fields: dict[str, str] | None = None, default_domain: str | None = None
                ) -> list[str]:
     """The report lines for one file; the first line says OK or names the first error."""
     domains: Counter[str] = Counter()
     sources: Counter[str] = Counter()
-    fields: Counter[str] = Counter()
+    counted: Counter[str] = Counter()
     images = Counter()
     first_seen: dict[str, str] = {}
     repeated: list[str] = []
@@ -69,11 +72,12 @@ def check_file(rec: ModuleType, path: Path, required: list[str], allow_missing: 
     for where, index, raw in rec.read_rows(path):
         record = rec.validate_record(raw, where, base_dir=path.absolute().parent,
                                      required=required, default_id=rec.default_id(path, index),
-                                     check_images=not allow_missing)
+                                     check_images=not allow_missing, fields=fields,
+                                     default_domain=default_domain)
         total += 1
         domains[record['domain']] += 1
         sources[record['data_source']] += 1
-        fields.update(k for k, v in raw.items() if v is not None)
+        counted.update(k for k in record if k in raw or k in (fields or {}))
         for image in record.get('images', ()):
             kind = 'URL' if rec.is_url(image) else (
                 'found' if os.path.isfile(image) else 'missing')
@@ -84,13 +88,13 @@ def check_file(rec: ModuleType, path: Path, required: list[str], allow_missing: 
     if not total:
         raise rec.DataFormatError(f'{path}:{"row 0" if rec.is_parquet(path) else 1}: no records '
                                   '(the file is empty)')
-    known = [f for f in rec.KNOWN_FIELDS if f in fields]
-    other = sorted(set(fields) - set(rec.KNOWN_FIELDS))
+    known = [f for f in rec.KNOWN_FIELDS if f in counted]
+    other = sorted(set(counted) - set(rec.KNOWN_FIELDS))
     lines = [f'{path}: OK, {total} records',
              f'  domain        {counts(domains)}',
              f'  data_source   {counts(sources)}'
-             + ('  (defaults to domain)' if 'data_source' not in fields else ''),
-             '  fields        ' + ', '.join(f'{f} {fields[f]}' for f in known + other)]
+             + ('  (defaults to domain)' if 'data_source' not in counted else ''),
+             '  fields        ' + ', '.join(f'{f} {counted[f]}' for f in known + other)]
     if images:
         parts = [f'found {images["found"]}']
         if images['missing']:
@@ -110,14 +114,24 @@ def main(argv: list[str] | None = None) -> int:
                         help='JSONL or Parquet data files')
     parser.add_argument('--required', nargs='+', default=[], metavar='FIELD',
                         help='fields every record must have (e.g. answer)')
+    parser.add_argument('--fields', nargs='+', default=[], metavar='FIELD=SOURCE',
+                        help='read a record field from a source field of another name, '
+                             'e.g. prompt=question (as PromptDataset(fields=...))')
+    parser.add_argument('--default-domain', metavar='DOMAIN',
+                        help='domain of records without one (as PromptDataset(default_domain=))')
     parser.add_argument('--allow-missing-images', action='store_true',
                         help='count missing local image files instead of failing')
     args = parser.parse_args(argv)
+    bad = [f for f in args.fields if f.count('=') != 1 or '' in f.split('=')]
+    if bad:
+        parser.error(f'--fields takes FIELD=SOURCE pairs such as prompt=question, got {bad}')
+    fields = dict(f.split('=') for f in args.fields)
     rec = records_module()
     failed = 0
     for path in args.files:
         try:
-            print('\n'.join(check_file(rec, path, args.required, args.allow_missing_images)))
+            print('\n'.join(check_file(rec, path, args.required, args.allow_missing_images,
+                                        fields, args.default_domain)))
         except (rec.DataFormatError, FileNotFoundError) as exc:
             print(f'{exc}' if str(path) in str(exc) else f'{path}: {exc}')
             failed += 1

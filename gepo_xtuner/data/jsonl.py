@@ -6,7 +6,7 @@ from typing import Any
 from mmengine.registry import DATASETS, FUNCTIONS
 from torch.utils.data import Dataset
 
-from .records import DataFormatError, load_records
+from .records import DataFormatError, check_field_map, load_records
 
 __all__ = ['DataFormatError', 'PromptDataset', 'list_collate']
 
@@ -22,18 +22,44 @@ class PromptDataset(Dataset):
     ``data_source`` defaults to ``domain``; relative image paths are resolved
     against the file's directory, and must exist.
 
+    Files with other column names need no conversion: ``fields`` renames them, and
+    ``default_domain`` gives every record without a ``domain`` one. GSM8K as
+    published (``{"question": ..., "answer": "...reasoning... #### 72"}``)::
+
+        dataset=dict(type='PromptDataset', path='gsm8k/train.jsonl',
+                     fields=dict(prompt='question', answer='answer'),
+                     default_domain='math', required=['answer'])
+
+    (``MathReward`` takes the text after ``####`` as the reference.)
+
     Args:
         path: a JSONL file, or a ``.parquet`` file.
-        required: extra fields every record must have (e.g. ``['answer']``).
+        required: extra fields every record must have (e.g. ``['answer']``), named
+            as after the renaming.
+        fields: record field <- source field, e.g. ``dict(prompt='question')``; a
+            mapped field is read from its source only, and the source field is renamed.
+        default_domain: the ``domain`` of records that have none (e.g. ``'math'``).
 
     Raises:
-        DataFormatError: naming the file and line (row) of the first bad record.
+        DataFormatError: naming the file and line (row) of the first bad record, with
+            every problem of that record.
         FileNotFoundError: if ``path`` does not exist.
+        ValueError: ``fields`` or ``default_domain`` is malformed.
     """
 
-    def __init__(self, path: str, required: tuple[str, ...] | list[str] = ()) -> None:
+    def __init__(self, path: str, required: tuple[str, ...] | list[str] = (),
+                 fields: dict[str, str] | None = None, default_domain: str | None = None
+                 ) -> None:
+        if default_domain is not None and (not isinstance(default_domain, str)
+                                           or not default_domain.strip()):
+            raise ValueError(f'PromptDataset default_domain must be a non-empty string such as '
+                             f"'math', got {default_domain!r}")
         self.path = Path(path)
-        self.records: list[dict[str, Any]] = load_records(self.path, required=tuple(required))
+        self.fields = check_field_map(fields)
+        self.default_domain = default_domain
+        self.records: list[dict[str, Any]] = load_records(
+            self.path, required=tuple(required), fields=self.fields,
+            default_domain=default_domain)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -32,7 +32,8 @@ files only), so ``tools/check_data.py`` loads it without importing torch.
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,30 @@ def _fail(where: str, field: str, reason: str, fix: str) -> DataFormatError:
     return DataFormatError(f"{where}: field '{field}': {reason}; {fix}")
 
 
+class _Problems:
+    """A record's problems, collected so that one error names all of them.
+
+    Each problem is one line ``FILE:LINE: field 'X': reason; fix``; a field read from
+    another source field (``fields=``) names that source too.
+    """
+
+    def __init__(self, where: str, sources: Mapping[str, str]) -> None:
+        self.where = where
+        self.sources = sources
+        self.lines: list[str] = []
+
+    def add(self, field: str, reason: str, fix: str) -> None:
+        top = re.split(r'[.\[]', field, maxsplit=1)[0]
+        source = self.sources.get(top)
+        label = f"'{field}'" + (f" (from the source field '{source}')"
+                                if source is not None and source != top else '')
+        self.lines.append(f'{self.where}: field {label}: {reason}; {fix}')
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            raise DataFormatError('\n'.join(self.lines))
+
+
 def _type(value: Any) -> str:
     return 'null' if value is None else type(value).__name__
 
@@ -67,77 +92,83 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_text(record: dict, where: str) -> None:
+def _check_text(record: dict, p: _Problems) -> None:
     has_prompt, has_messages = 'prompt' in record, 'messages' in record
     if has_prompt and has_messages:
-        raise _fail(where, 'messages', 'the record has both "prompt" and "messages"',
-                    'keep one: "prompt" for plain text, "messages" for chat turns')
+        return p.add('messages', 'the record has both "prompt" and "messages"',
+                     'keep one: "prompt" for plain text, "messages" for chat turns')
     if not has_prompt and not has_messages:
-        raise _fail(where, 'prompt', 'missing', 'give the text as "prompt": "..." or chat turns '
-                    'as "messages": [{"role": "user", "content": "..."}]')
+        return p.add('prompt', 'missing', 'give the text as "prompt": "..." or chat turns as '
+                     '"messages": [{"role": "user", "content": "..."}] (another name: map it '
+                     "with the dataset's fields=dict(prompt='question'))")
     if has_prompt:
         prompt = record['prompt']
         if not isinstance(prompt, str) or not prompt.strip():
-            raise _fail(where, 'prompt', f'must be a non-empty string, got {prompt!r}',
-                        'put the prompt text there')
-        return
+            p.add('prompt', f'must be a non-empty string, got {prompt!r}',
+                  'put the prompt text there')
+        return None
     messages = record['messages']
     if not isinstance(messages, list) or not messages:
-        raise _fail(where, 'messages', f'must be a non-empty list of turns, got {_type(messages)}',
-                    'write [{"role": "user", "content": "..."}]')
+        return p.add('messages', f'must be a non-empty list of turns, got {_type(messages)}',
+                     'write [{"role": "user", "content": "..."}]')
     for i, turn in enumerate(messages):
         at = f'messages[{i}]'
         if not isinstance(turn, dict):
-            raise _fail(where, at, f'must be an object, got {_type(turn)}',
-                        'write {"role": "user", "content": "..."}')
+            p.add(at, f'must be an object, got {_type(turn)}',
+                  'write {"role": "user", "content": "..."}')
+            continue
         if turn.get('role') not in ROLES:
-            raise _fail(where, f'{at}.role', f'must be one of {list(ROLES)}, got '
-                        f'{turn.get("role")!r}', 'name who speaks in each turn')
+            p.add(f'{at}.role', f'must be one of {list(ROLES)}, got {turn.get("role")!r}',
+                  'name who speaks in each turn')
         content = turn.get('content')
         if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or not isinstance(part.get('type'), str):
-                    raise _fail(where, f'{at}.content[{j}]', 'a content part must be an object '
-                                f'with a "type", got {part!r}',
-                                'write {"type": "text", "text": "..."} or {"type": "image"}')
+                    p.add(f'{at}.content[{j}]', 'a content part must be an object with a '
+                          f'"type", got {part!r}',
+                          'write {"type": "text", "text": "..."} or {"type": "image"}')
         elif not isinstance(content, str):
-            raise _fail(where, f'{at}.content', f'must be a string or a list of content parts, '
-                        f'got {_type(content)}', 'put the turn\'s text there')
-    if messages[-1]['role'] == 'assistant':
-        raise _fail(where, 'messages', 'the last turn is the assistant\'s',
-                    'end with the turn the policy answers (user or tool); the policy writes the '
-                    'assistant turn')
+            p.add(f'{at}.content', f'must be a string or a list of content parts, got '
+                  f'{_type(content)}', 'put the turn\'s text there')
+    if isinstance(messages[-1], dict) and messages[-1].get('role') == 'assistant':
+        p.add('messages', 'the last turn is the assistant\'s',
+              'end with the turn the policy answers (user or tool); the policy writes the '
+              'assistant turn')
+    return None
 
 
-def _check_images(record: dict, where: str, base_dir: Path | None, check_files: bool) -> None:
+def _check_images(record: dict, p: _Problems, base_dir: Path | None, check_files: bool
+                  ) -> None:
     images = record['images']
     if not isinstance(images, list):
-        raise _fail(where, 'images', f'must be a list of paths or URLs, got {_type(images)}',
-                    'write ["figure.png"] even for one image')
+        return p.add('images', f'must be a list of paths or URLs, got {_type(images)}',
+                     'write ["figure.png"] even for one image')
     resolved = []
     for i, image in enumerate(images):
         if not isinstance(image, str) or not image:
-            raise _fail(where, f'images[{i}]', f'must be a path or URL string, got '
-                        f'{_type(image)}', 'save embedded images as files and list their paths')
+            p.add(f'images[{i}]', f'must be a path or URL string, got {_type(image)}',
+                  'save embedded images as files and list their paths')
+            continue
         if not is_url(image) and not os.path.isabs(image) and base_dir is not None:
             image = os.path.normpath(base_dir / image)  # relative to the data file
         if check_files and not is_url(image) and not os.path.isfile(image):
-            raise _fail(where, f'images[{i}]', f'file {image} does not exist',
-                        'fix the path (relative paths are read from the data file\'s '
-                        'directory) or remove the image')
+            p.add(f'images[{i}]', f'file {image} does not exist',
+                  'fix the path (relative paths are read from the data file\'s directory) or '
+                  'remove the image')
         resolved.append(image)
     record['images'] = resolved
+    return None
 
 
-def _check_references(record: dict, where: str) -> None:
+def _check_references(record: dict, p: _Problems) -> None:
     if 'answer' in record:
         answer = record['answer']
         ok = isinstance(answer, str) or _is_number(answer) or (
             isinstance(answer, list) and answer
             and all(isinstance(a, str) or _is_number(a) for a in answer))
         if not ok:
-            raise _fail(where, 'answer', f'must be a string, a number or a non-empty list of '
-                        f'them, got {answer!r}', 'write the reference answer, e.g. "70"')
+            p.add('answer', f'must be a string, a number or a non-empty list of them, got '
+                  f'{answer!r}', 'write the reference answer, e.g. "70"')
     if 'choices' in record:
         choices = record['choices']
         ok = (isinstance(choices, list) and choices
@@ -145,40 +176,72 @@ def _check_references(record: dict, where: str) -> None:
             isinstance(choices, dict) and choices
             and all(isinstance(k, str) and isinstance(v, str) for k, v in choices.items()))
         if not ok:
-            raise _fail(where, 'choices', f'must be a non-empty list of option texts (A, B, ... '
-                        f'in order) or an object {{"A": "text", ...}}, got {choices!r}',
-                        'list the options')
+            p.add('choices', f'must be a non-empty list of option texts (A, B, ... in order) '
+                  f'or an object {{"A": "text", ...}}, got {choices!r}', 'list the options')
     if 'unit' in record and not isinstance(record['unit'], str):
-        raise _fail(where, 'unit', f'must be a string, got {_type(record["unit"])}',
-                    'write the unit, e.g. "km"')
+        p.add('unit', f'must be a string, got {_type(record["unit"])}',
+              'write the unit, e.g. "km"')
     if 'tests' in record:
         tests = record['tests']
         if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
-            raise _fail(where, 'tests', f'must be a non-empty list of test objects, got '
-                        f'{_type(tests)}', 'write [{"input": "...", "output": "..."}]')
+            p.add('tests', f'must be a non-empty list of test objects, got {_type(tests)}',
+                  'write [{"input": "...", "output": "..."}]')
     if 'instructions' in record:
         items = record['instructions']
         if not isinstance(items, list) or not items:
-            raise _fail(where, 'instructions', f'must be a non-empty list, got {_type(items)}',
-                        'write [{"id": "punctuation:no_comma", "kwargs": {}}]')
+            p.add('instructions', f'must be a non-empty list, got {_type(items)}',
+                  'write [{"id": "punctuation:no_comma", "kwargs": {}}]')
+            items = []
         for i, item in enumerate(items):
             if not isinstance(item, dict) or not isinstance(item.get('id'), str):
-                raise _fail(where, f'instructions[{i}]', f'must be an object with a string '
-                            f'"id", got {item!r}', 'write {"id": "...", "kwargs": {...}}')
-            if not isinstance(item.get('kwargs', {}), (dict, type(None))):
-                raise _fail(where, f'instructions[{i}].kwargs', 'must be an object, got '
-                            f'{_type(item["kwargs"])}', 'write the checker\'s arguments as {}')
+                p.add(f'instructions[{i}]', f'must be an object with a string "id", got '
+                      f'{item!r}', 'write {"id": "...", "kwargs": {...}}')
+            elif not isinstance(item.get('kwargs', {}), (dict, type(None))):
+                p.add(f'instructions[{i}].kwargs', f'must be an object, got '
+                      f'{_type(item["kwargs"])}', 'write the checker\'s arguments as {}')
     if 'metadata' in record and not isinstance(record['metadata'], dict):
-        raise _fail(where, 'metadata', f'must be an object, got {_type(record["metadata"])}',
-                    'wrap the values in {...}')
+        p.add('metadata', f'must be an object, got {_type(record["metadata"])}',
+              'wrap the values in {...}')
+
+
+def check_field_map(fields: Mapping[str, str] | None) -> dict[str, str]:
+    """Checks a dataset's ``fields`` mapping (record field <- source field) and copies it.
+
+    Raises:
+        ValueError: not a mapping of non-empty strings to non-empty strings.
+    """
+    if fields is None:
+        return {}
+    if not isinstance(fields, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in fields.items()):
+        raise ValueError(f'fields must map record fields to source field names, e.g. '
+                         f"dict(prompt='question', answer='answer'), got {fields!r}")
+    return dict(fields)
+
+
+def map_fields(record: dict[str, Any], fields: Mapping[str, str]) -> dict[str, Any]:
+    """Renames a raw record's source fields to schema fields: ``fields[target] = source``.
+
+    A mapped field is read from its source field only; the source field is removed
+    unless it is itself a mapped field's name. Other fields are kept.
+
+    >>> map_fields({'question': 'Q?', 'answer': '4', 'x': 1}, {'prompt': 'question'})
+    {'answer': '4', 'x': 1, 'prompt': 'Q?'}
+    """
+    mapped = {target: record[source] for target, source in fields.items() if source in record}
+    out = {k: v for k, v in record.items() if k not in fields and k not in fields.values()}
+    out.update(mapped)
+    return out
 
 
 def validate_record(record: Any, where: str, *, base_dir: str | os.PathLike | None = None,
                     required: Sequence[str] = (), default_id: str | None = None,
-                    check_images: bool = True) -> dict[str, Any]:
+                    check_images: bool = True, fields: Mapping[str, str] | None = None,
+                    default_domain: str | None = None) -> dict[str, Any]:
     """Checks one record against the schema and returns its normalised copy.
 
-    Normalisation: top-level ``null`` fields are dropped, ``id`` becomes a string
+    Normalisation: top-level ``null`` fields are dropped, source fields are renamed by
+    ``fields``, ``domain`` defaults to ``default_domain``, ``id`` becomes a string
     (``default_id`` if absent), ``data_source`` defaults to ``domain``, relative image
     paths become paths under ``base_dir``.
 
@@ -189,41 +252,53 @@ def validate_record(record: Any, where: str, *, base_dir: str | os.PathLike | No
         required: fields every record of this dataset must have (e.g. ``['answer']``).
         default_id: the ``id`` of a record without one.
         check_images: whether local image files must exist.
+        fields: record field <- source field, for files whose columns have other names
+            (GSM8K: ``dict(prompt='question')``); see :func:`map_fields`.
+        default_domain: the ``domain`` of a record without one.
 
     Returns:
         A new dict; the input is not modified.
 
     Raises:
-        DataFormatError: ``'FILE:LINE: field X: reason; how to fix'``.
+        DataFormatError: every problem of the record, one line each,
+            ``'FILE:LINE: field X: reason; how to fix'``.
     """
     if not isinstance(record, dict):
         raise DataFormatError(f'{where}: expected a JSON object with "prompt" (or "messages") '
                               f'and "domain", got {_type(record)}')
-    record = {k: v for k, v in record.items() if v is not None}
-    _check_text(record, where)
+    fields = fields or {}
+    p = _Problems(where, fields)
+    record = map_fields({k: v for k, v in record.items() if v is not None}, fields)
+    if default_domain is not None:
+        record.setdefault('domain', default_domain)
+    _check_text(record, p)
     domain = record.get('domain')
     if not isinstance(domain, str) or not domain.strip():
-        raise _fail(where, 'domain', f'must be a non-empty string, got {domain!r}',
-                    'name the task family whose reward scores this record, e.g. "math"')
-    source = record.setdefault('data_source', domain)
-    if not isinstance(source, str) or not source.strip():
-        raise _fail(where, 'data_source', f'must be a non-empty string, got {source!r}',
-                    'name the benchmark, e.g. "aime2025", or drop the field')
+        p.add('domain', 'missing' if domain is None else
+              f'must be a non-empty string, got {domain!r}',
+              'name the task family whose reward scores this record, e.g. "math" (for a '
+              "file without domains: the dataset's default_domain='math')")
+        domain = None
+    source = record.setdefault('data_source', domain) if domain else record.get('data_source')
+    if 'data_source' in record and (not isinstance(source, str) or not source.strip()):
+        p.add('data_source', f'must be a non-empty string, got {source!r}',
+              'name the benchmark, e.g. "aime2025", or drop the field')
     if 'images' in record:
-        _check_images(record, where, None if base_dir is None else Path(base_dir), check_images)
-    _check_references(record, where)
+        _check_images(record, p, None if base_dir is None else Path(base_dir), check_images)
+    _check_references(record, p)
     if 'id' in record:
         rid = record['id']
         if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == '':
-            raise _fail(where, 'id', f'must be a non-empty string or an integer, got {rid!r}',
-                        'give each record a unique name, or drop the field')
-        record['id'] = str(rid)
+            p.add('id', f'must be a non-empty string or an integer, got {rid!r}',
+                  'give each record a unique name, or drop the field')
+        else:
+            record['id'] = str(rid)
     elif default_id is not None:
         record['id'] = default_id
-    missing = [name for name in required if name not in record]
-    if missing:
-        raise _fail(where, missing[0], 'missing', f'this dataset requires {list(required)} in '
-                    'every record')
+    for name in required:
+        if name not in record:
+            p.add(name, 'missing', f'this dataset requires {list(required)} in every record')
+    p.raise_if_any()
     return record
 
 
@@ -311,7 +386,8 @@ def default_id(path: str | os.PathLike, index: int) -> str:
 
 
 def iter_records(path: str | os.PathLike, *, required: Sequence[str] = (),
-                 check_images: bool = True, unique_ids: bool = False
+                 check_images: bool = True, unique_ids: bool = False,
+                 fields: Mapping[str, str] | None = None, default_domain: str | None = None
                  ) -> Iterator[dict[str, Any]]:
     """Validated records of a JSONL or Parquet file, in file order.
 
@@ -326,18 +402,23 @@ def iter_records(path: str | os.PathLike, *, required: Sequence[str] = (),
         required: fields every record must have.
         check_images: whether local image files must exist.
         unique_ids: reject a record whose ``id`` an earlier record has.
+        fields: record field <- source field (see :func:`map_fields`).
+        default_domain: the ``domain`` of records without one.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        DataFormatError: the first bad line or row, or an empty file.
+        DataFormatError: the first bad line or row (all its problems), or an empty file.
+        ValueError: ``fields`` is not a mapping of names.
     """
     path = Path(path)
+    fields = check_field_map(fields)
     seen: dict[str, str] = {}
     count = 0
     for where, index, value in read_rows(path):
         record = validate_record(value, where, base_dir=path.absolute().parent,
                                  required=required, default_id=default_id(path, index),
-                                 check_images=check_images)
+                                 check_images=check_images, fields=fields,
+                                 default_domain=default_domain)
         if unique_ids:
             first = seen.setdefault(record['id'], where)
             if first != where:
@@ -351,7 +432,47 @@ def iter_records(path: str | os.PathLike, *, required: Sequence[str] = (),
 
 
 def load_records(path: str | os.PathLike, *, required: Sequence[str] = (),
-                 check_images: bool = True, unique_ids: bool = False) -> list[dict[str, Any]]:
+                 check_images: bool = True, unique_ids: bool = False,
+                 fields: Mapping[str, str] | None = None, default_domain: str | None = None
+                 ) -> list[dict[str, Any]]:
     """All records of a file, see :func:`iter_records` (same arguments and errors)."""
     return list(iter_records(path, required=required, check_images=check_images,
-                             unique_ids=unique_ids))
+                             unique_ids=unique_ids, fields=fields,
+                             default_domain=default_domain))
+
+
+def scan_file(path: str | os.PathLike, *, required: Sequence[str] = (),
+              check_images: bool = True, fields: Mapping[str, str] | None = None,
+              default_domain: str | None = None, limit: int = 20) -> tuple[int, list[str]]:
+    """Checks every record of a file, going on past bad ones (for checkers).
+
+    Args:
+        path: the data file.
+        required, check_images, fields, default_domain: as for :func:`iter_records`.
+        limit: most problem lines returned; a last line counts the rest.
+
+    Returns:
+        ``(records read, problem lines)``, each line ``FILE:LINE: ...``; a file that
+        cannot be read at all (missing, not JSON on some line, not Parquet) ends the
+        scan with its error.
+    """
+    fields = check_field_map(fields)
+    count, problems = 0, []
+    try:
+        for where, index, value in read_rows(path):
+            count += 1
+            try:
+                validate_record(value, where, base_dir=Path(path).absolute().parent,
+                                required=required, default_id=default_id(path, index),
+                                check_images=check_images, fields=fields,
+                                default_domain=default_domain)
+            except DataFormatError as exc:
+                problems += str(exc).splitlines()
+    except (DataFormatError, FileNotFoundError) as exc:
+        problems += str(exc).splitlines()
+    if not count and not problems:
+        problems.append(f'{path}:{"row 0" if is_parquet(path) else 1}: no records (the file '
+                        'is empty)')
+    if len(problems) > limit:
+        problems = problems[:limit] + [f'{path}: ... and {len(problems) - limit} more problems']
+    return count, problems

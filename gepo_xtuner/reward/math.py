@@ -5,7 +5,35 @@ from typing import Any
 from ..registry import REWARDS
 from .worker import VerifierWorker
 
-__all__ = ['MathReward']
+__all__ = ['MathReward', 'reference_answer']
+
+#: GSM8K's separator between the worked solution and the final answer.
+FINAL_ANSWER_MARK = '####'
+
+
+def reference_answer(answer: Any) -> str:
+    """The reference a record's ``answer`` states: the text after the last ``####``, if any.
+
+    GSM8K publishes each answer as the worked solution followed by ``#### <number>``;
+    only the number is the reference. Answers without ``####`` are used whole.
+
+    Example:
+        >>> reference_answer('Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\n#### 72')
+        '72'
+        >>> reference_answer(70)
+        '70'
+
+    Raises:
+        ValueError: nothing follows the last ``####``.
+    """
+    text = str(answer)
+    if FINAL_ANSWER_MARK not in text:
+        return text
+    final = text.rsplit(FINAL_ANSWER_MARK, 1)[1].strip()
+    if not final:
+        raise ValueError(f'answer {text[-60:]!r} has nothing after {FINAL_ANSWER_MARK!r}: write '
+                         f'the final answer after it, as GSM8K does ("... {FINAL_ANSWER_MARK} 72")')
+    return final
 
 
 @REWARDS.register_module()
@@ -16,6 +44,8 @@ class MathReward:
     library (:func:`~gepo_xtuner.reward.math_check.math_equal`): the prediction is the
     last ``\boxed{}`` (else the last expression found); LaTeX, fractions, radicals,
     percentages, sets, intervals and matrices compare by value, not by spelling.
+    The reference is :func:`reference_answer` of the record's ``answer``: GSM8K's
+    ``"<worked solution> #### 72"`` is compared as ``72``.
 
     The check runs in a persistent helper process (:class:`~.worker.VerifierWorker`), so
     an answer that makes sympy compute forever (``\boxed{9^{9^{9}}}``) is cut off.
@@ -38,6 +68,8 @@ class MathReward:
         1.0
         >>> reward(r'The remainder is \boxed{70}.', {'answer': '071'})
         0.0
+        >>> reward('She has 72 clips.', {'answer': 'Half of 48 is 24; 48 + 24 = 72.\\n#### 72'})
+        1.0
     """
 
     def __init__(self, timeout_s: float = 5.0, memory_mb: int | None = 4096,
@@ -50,5 +82,5 @@ class MathReward:
     def __call__(self, completion: str, record: dict[str, Any]) -> float:
         if record.get('answer') is None:
             raise ValueError(f"math record {record.get('id', '?')!r} has no 'answer'")
-        return float(self._check(completion, str(record['answer']), self.float_rounding,
-                                 self.strict))
+        return float(self._check(completion, reference_answer(record['answer']),
+                                 self.float_rounding, self.strict))

@@ -163,3 +163,68 @@ def test_encode_prompt_template_and_chat_template():
     tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }} "
                          "{% endfor %}{% if add_generation_prompt %}a:{% endif %}")
     assert tok.decode(encode_prompt(tok, chat, '{ignored}')) == 's:add u:1+2 a:'
+
+
+def test_every_problem_of_a_record_is_reported_at_once(tmp_path):
+    bad = {'prompt': ' ', 'domain': 3, 'answer': {'x': 1}, 'unit': 5, 'id': 1.5,
+           'instructions': [{'kwargs': {}}, {'id': 'a', 'kwargs': 'b'}]}
+    path = write_jsonl(tmp_path / 'd.jsonl', [dict(EXAMPLES[0], tests=[{}]), bad])
+    with pytest.raises(DataFormatError) as err:
+        load_records(path, required=['answer', 'tests'])
+    lines = str(err.value).splitlines()
+    assert [line.split(': ')[1] for line in lines] == [
+        "field 'prompt'", "field 'domain'", "field 'answer'", "field 'unit'",
+        "field 'instructions[0]'", "field 'instructions[1].kwargs'", "field 'id'",
+        "field 'tests'"]
+    assert all(line.startswith(f'{path}:2: ') and '; ' in line for line in lines)
+
+
+# GSM8K as published: no domain, the prompt under "question", the answer after "####".
+GSM8K = [
+    {'question': 'Natalia sold clips to 48 of her friends in April, and then she sold half as '
+                 'many clips in May. How many clips did Natalia sell altogether?',
+     'answer': 'Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = '
+               '<<48+24=72>>72 clips altogether in April and May.\n#### 72'},
+    {'question': 'Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes '
+                 'of babysitting. How much did she earn?',
+     'answer': 'Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she '
+               'earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10'},
+]
+
+
+def test_field_mapping_and_default_domain_read_gsm8k_as_published(tmp_path):
+    path = write_jsonl(tmp_path / 'gsm8k.jsonl', GSM8K)
+    with pytest.raises(DataFormatError) as err:  # as is: no prompt, no domain
+        PromptDataset(str(path))
+    assert str(err.value).splitlines() == [
+        f"{path}:1: field 'prompt': missing; give the text as \"prompt\": \"...\" or chat turns "
+        'as "messages": [{"role": "user", "content": "..."}] (another name: map it with the '
+        "dataset's fields=dict(prompt='question'))",
+        f"{path}:1: field 'domain': missing; name the task family whose reward scores this "
+        "record, e.g. \"math\" (for a file without domains: the dataset's "
+        "default_domain='math')"]
+    data = PromptDataset(str(path), fields=dict(prompt='question', answer='answer'),
+                         default_domain='math', required=['answer'])
+    assert data[0] == {'prompt': GSM8K[0]['question'], 'answer': GSM8K[0]['answer'],
+                       'domain': 'math', 'data_source': 'math', 'id': 'gsm8k-1'}
+    assert data.metainfo['domains'] == ['math']
+    # a record's own domain wins over the default; a mapped field names its source in errors
+    path = write_jsonl(tmp_path / 'mixed.jsonl', [dict(GSM8K[0], domain='arith'),
+                                                  {'answer': '#### 1'}])
+    with pytest.raises(DataFormatError, match=r":2: field 'prompt' \(from the source field "
+                                              r"'question'\): missing"):
+        PromptDataset(str(path), fields=dict(prompt='question'), default_domain='math')
+    path = write_jsonl(tmp_path / 'mixed.jsonl', [dict(GSM8K[0], domain='arith')])
+    assert PromptDataset(str(path), fields=dict(prompt='question'),
+                         default_domain='math')[0]['domain'] == 'arith'
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(fields=['prompt', 'question']), 'fields must map record fields to source field'),
+    (dict(fields={'prompt': ''}), 'fields must map record fields to source field'),
+    (dict(default_domain=''), 'default_domain must be a non-empty string'),
+])
+def test_bad_dataset_options_say_what_to_write(tmp_path, kwargs, message):
+    path = write_jsonl(tmp_path / 'gsm8k.jsonl', GSM8K)
+    with pytest.raises(ValueError, match=message):
+        PromptDataset(str(path), **kwargs)

@@ -49,6 +49,23 @@ def test_wrong_or_missing_answers_score_zero(reward, completion, answer):
     assert reward(completion, {'answer': answer}) == 0.0
 
 
+GSM8K_ANSWER = ('Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = '
+                '<<48+24=72>>72 clips altogether in April and May.\n#### 72')
+
+
+@pytest.mark.parametrize('completion, score', [
+    ('In May she sold 24, so 48 + 24 = 72 clips in all. #### 72', 1.0),
+    (r'Altogether: $\boxed{72}$', 1.0),
+    ('She sold 24 clips in May.', 0.0),  # the last number of the solution is not the answer
+    ('#### 48', 0.0),
+])
+def test_gsm8k_answers_are_compared_by_the_number_after_the_marks(reward, completion, score):
+    assert reward(completion, {'answer': GSM8K_ANSWER}) == score
+    assert reward(r'\boxed{1000}', {'answer': 'Add them up.\n#### 1,000'}) == 1.0
+    with pytest.raises(ValueError, match="nothing after '####'"):
+        reward('72', {'answer': 'Worked solution. ####  '})
+
+
 def test_missing_or_unparsable_reference_raises(reward):
     with pytest.raises(ValueError, match="has no 'answer'"):
         reward(r'\boxed{1}', {'id': 'q1'})

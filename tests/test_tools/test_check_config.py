@@ -44,7 +44,8 @@ def locations(tmp_path):
     data = tmp_path / 'data'
     data.mkdir()
     for split in ('train', 'val'):
-        (data / f'{split}.jsonl').write_text('{"prompt": "1+1=", "domain": "math"}\n')
+        (data / f'{split}.jsonl').write_text(
+            '{"prompt": "1+1=", "domain": "math", "answer": "2"}\n')
     tiny = tmp_path / 'tiny'
     (tiny / 'model').mkdir(parents=True)
     (tiny / 'model' / 'config.json').write_text(json.dumps(dict(model_type='qwen2')))
@@ -328,3 +329,33 @@ def test_one_response_per_prompt_is_a_problem(locations):
                  '--cfg-options', 'train_cfg.num_responses=1', env=locations)
     assert 'train_cfg.num_responses: is 1: GEPOAdvantage compares responses' in proc.stdout
     assert proc.returncode == 1
+
+
+def test_data_files_are_checked_as_the_dataset_reads_them(locations, tmp_path):
+    """GSM8K as published, mapped by the dataset's fields/default_domain; bad lines named."""
+    data = tmp_path / 'gsm8k.jsonl'
+    rows = [{'question': 'What is 2 + 2?', 'answer': 'Two and two.\n#### 4'},
+            {'question': 'What is 3 + 3?', 'answer': 'Three and three.\n#### 6'}]
+    data.write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    dataset = ("train_dataloader = dict(dataset=dict(_delete_=True, type='PromptDataset', "
+               f"path='{data}', required=['answer']"'{}))\n')
+    cfg = tmp_path / 'gsm8k.py'
+    cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+                   + dataset.format(", fields=dict(prompt='question'), default_domain='math'"))
+    proc = check(cfg, env=locations)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f'{data} [exists, 0.0 MiB], 2 records checked' in proc.stdout
+    cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+                   + dataset.format(''))  # without the mapping: every record is bad
+    proc = check(cfg, env=locations)
+    assert proc.returncode == 1
+    for line in (1, 2):
+        assert (f"train_dataloader.dataset: {data}:{line}: field 'prompt': missing"
+                in proc.stdout)
+        assert f"train_dataloader.dataset: {data}:{line}: field 'domain': missing" in proc.stdout
+    data.write_text('{"question": "x"}\n{"question": \n')
+    cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+                   + dataset.format(", fields=dict(prompt='question'), default_domain='math'"))
+    proc = check(cfg, env=locations)
+    assert f"{data}:1: field 'answer': missing; this dataset requires ['answer']" in proc.stdout
+    assert f'{data}:2: not valid JSON' in proc.stdout

@@ -74,8 +74,9 @@ def test_each_broken_file_is_reported_by_its_first_bad_line(data):
     expected = [
         f'{paths[0]}:2: not valid JSON (Expecting value at column 27); each line must be one '
         'complete JSON object',
-        f"{paths[1]}:2: field 'domain': must be a non-empty string, got None; name the task "
-        'family whose reward scores this record, e.g. "math"',
+        f"{paths[1]}:2: field 'domain': missing; name the task family whose reward scores "
+        'this record, e.g. "math" (for a file without domains: the dataset\'s '
+        "default_domain='math')",
         f"{paths[2]}:3: field 'tests': must be a non-empty list of test objects, got str; "
         'write [{"input": "...", "output": "..."}]',
         f"{paths[3]}:2: field 'images[0]': file {data / 'img' / 'gone.png'} does not exist; fix "
@@ -113,3 +114,22 @@ def test_parquet_good_and_bad(data):
     assert f"{data / 'bad.parquet'}:row 1: field 'domain': must be a non-empty string" in out
     assert f'{data / "junk.parquet"}: not a readable Parquet file' in out
     assert 'Traceback' not in proc.stderr and 'examples/s' not in proc.stderr
+
+
+def test_files_with_other_column_names_are_checked_as_the_dataset_reads_them(data):
+    rows = [{'question': 'What is 2 + 2?', 'answer': 'Two and two.\n#### 4'},
+            {'question': '', 'solution': '#### 1'}]
+    path = jsonl(data / 'gsm8k.jsonl', rows)
+    proc = check(path, '--fields', 'prompt=question', '--default-domain', 'math',
+                 '--required', 'answer')
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[:2] == [
+        f"{path}:2: field 'prompt' (from the source field 'question'): must be a non-empty "
+        "string, got ''; put the prompt text there",
+        f"{path}:2: field 'answer': missing; this dataset requires ['answer'] in every record"]
+    proc = check(jsonl(data / 'ok.jsonl', rows[:1]), '--fields', 'prompt=question',
+                 '--default-domain', 'math')
+    assert proc.returncode == 0, proc.stdout
+    assert 'domain        math 1' in proc.stdout
+    assert 'fields        prompt 1, answer 1' in proc.stdout
+    assert check(path, '--fields', 'prompt').returncode == 2
