@@ -7,10 +7,11 @@ runner in mmengine's root registries, which is what
 """
 
 from . import advantage, data, engine, loss, model, reward, rollout  # noqa: F401  (registers)
-from .compat import allow_pickle_checkpoints_for_xtuner_resume
+from .compat import allow_pickle_checkpoints_for_xtuner_resume, refuse_unreadable_resume_checkpoint
 from .registry import ADVANTAGES, POLICY_LOSSES, REWARDS, ROLLOUT_BACKENDS
 
 __version__ = '0.1.0'
 
 allow_pickle_checkpoints_for_xtuner_resume()
+refuse_unreadable_resume_checkpoint()
 __all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'REWARDS', 'ROLLOUT_BACKENDS', '__version__']

@@ -2,11 +2,47 @@
 
 import os
 import sys
+import warnings
 from pathlib import PurePath
 
 from mmengine.logging import print_log
 
 WEIGHTS_ONLY_ENV = 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'
+
+
+def _xtuner_resume_path(argv: list[str]) -> str | None:
+    """The ``--resume`` argument when ``argv`` is xtuner's training program's, else None."""
+    if not argv or PurePath(argv[0]).parts[-3:] != ('xtuner', 'tools', 'train.py'):
+        return None
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == '--resume':
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith('--resume='):
+            return arg.split('=', 1)[1]
+    return None
+
+
+def refuse_unreadable_resume_checkpoint(argv: list[str] | None = None) -> None:
+    """Stops ``xtuner train CFG --resume CKPT`` at once if CKPT is cut off or not a checkpoint.
+
+    xtuner 0.2.0 loads the checkpoint for its seed before any runner exists, and a
+    truncated file then fails with torch's ``PytorchStreamReader failed reading zip
+    archive``. This runs when ``custom_imports`` imports the package, before that load,
+    and exits with the file, the reason and the newest earlier checkpoint of the same
+    directory that looks whole (:func:`~gepo_xtuner.engine.fileio.checkpoint_problem`).
+    Directories (DeepSpeed checkpoints) and missing files are left to xtuner.
+
+    Raises:
+        SystemExit: with that message, when the file is unreadable.
+    """
+    from .engine.fileio import checkpoint_problem, unreadable_checkpoint_message
+
+    path = _xtuner_resume_path(sys.argv if argv is None else argv)
+    if path is None or not os.path.isfile(path):
+        return
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise SystemExit(f'error: {unreadable_checkpoint_message(path, problem)}')
 
 
 def allow_pickle_checkpoints_for_xtuner_resume(argv: list[str] | None = None) -> bool:
@@ -29,6 +65,8 @@ def allow_pickle_checkpoints_for_xtuner_resume(argv: list[str] | None = None) ->
         return False
     if not any(a == '--resume' or a.startswith('--resume=') for a in argv[1:]):
         return False
+    # torch warns at each such load (twice per resume); the notice below says it once
+    warnings.filterwarnings('ignore', message=f'Environment variable {WEIGHTS_ONLY_ENV} detected')
     if os.environ.get(WEIGHTS_ONLY_ENV) != '1':
         os.environ[WEIGHTS_ONLY_ENV] = '1'
         print_log('xtuner train --resume: allowing pickle checkpoint loads '

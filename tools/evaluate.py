@@ -8,7 +8,7 @@ Usage::
         [--base-model DIR] [--tokenizer DIR] [--model-class CLASS] [--processor DIR]
         [--trust-remote-code] [--rewards DOMAIN=Type,...] [--config CONFIG]
         [--import MODULE ...] [--route-by domain|data_source] [--prompt-template TEMPLATE]
-        [--n 1] [--temperature 0] [--top-p 1] [--top-k 0] [--max-new-tokens 1024]
+        [--n 1] [--temperature 0] [--top-p 1] [--top-k 0] [--max-new-tokens T]
         [--stop-token-ids ID ...] [--seed 0] [--batch-size 32] [--limit N]
         [--device DEV] [--dtype DT]
 
@@ -22,7 +22,9 @@ record schema of ``docs/data.md``) is one benchmark, named NAME or after the fil
 Rewards come from ``--rewards math=MathReward,code=CodeReward`` (``default=`` serves other
 domains), else from ``train_cfg.rewards`` of ``--config``, else from the config saved in a
 ``.pth`` checkpoint. The prompt template and stop tokens follow the same order, then
-``'{prompt}'`` and the tokenizer's / generation config's EOS.
+``'{prompt}'`` and the tokenizer's / generation config's EOS. ``--max-new-tokens``
+defaults to the training config's ``train_cfg.sampling.max_new_tokens`` (``--config``, else
+the checkpoint's), else 1024.
 
 Output in DIR: ``<NAME>.samples.jsonl`` (one line per sample: benchmark, id, sample,
 data_source, domain, prompt, completion, reward, error, finish_reason, response_tokens),
@@ -85,7 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument('--temperature', type=float, default=0.0, help='0 = greedy')
     p.add_argument('--top-p', type=float, default=1.0)
     p.add_argument('--top-k', type=int, default=0)
-    p.add_argument('--max-new-tokens', type=int, default=1024)
+    p.add_argument('--max-new-tokens', type=int, default=None,
+                   help='response length cap (default: train_cfg.sampling.max_new_tokens of '
+                        '--config or of the checkpoint\'s config, else 1024)')
     p.add_argument('--stop-token-ids', type=int, nargs='+')
     p.add_argument('--batch-size', type=int, default=32,
                    help='prompts per chunk (generated together, then written and flushed)')
@@ -298,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     template, _ = train_cfg_value(cfgs, 'prompt_template')
     template = args.prompt_template or template or '{prompt}'
     configured_stops, _ = train_cfg_value(cfgs, 'sampling', 'stop_token_ids')
+    if args.max_new_tokens is None:  # the length the policy was trained to answer in
+        configured, where = train_cfg_value(cfgs, 'sampling', 'max_new_tokens')
+        args.max_new_tokens = int(configured) if configured else 1024
+        print(f'max_new_tokens {args.max_new_tokens} '
+              + (f'(train_cfg.sampling of {where})' if configured else '(default)'))
     try:
         params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, max_new_tokens=args.max_new_tokens,

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                                        n_train_per_domain=args.n_train,
                                        n_val_per_domain=args.n_val).items() if v is not None}
     start = time.time()
-    model_dir = warm_start(args.out, seed=args.seed, force=args.force, **overrides)
+    model_dir = warm_start(args.out, seed=args.seed, force=args.force,
+                           progress=lambda line: print(line, flush=True), **overrides)
     report = read_warm_start_report(model_dir)
     if report['trained_at'] < start:
         print(f'reused cached warm start from {time.ctime(report["trained_at"])} '

@@ -1,13 +1,51 @@
 """An mmengine Runner that trains on CPU-only data-parallel machines and loads its own checkpoints."""
 
+import logging
 import os
+import pickle
+import warnings
+import zipfile
 from contextlib import contextmanager
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
+
+from .fileio import (CheckpointError, checkpoint_problem, remove_stale_temporaries,
+                     unreadable_checkpoint_message)
+
+#: Console messages of mmengine that say nothing about the run (kept in the log file):
+#: its CheckpointHook always builds a deprecated FileClient, and it warns at every save
+#: that there are no parameter schedulers to save.
+CONSOLE_NOISE = ('"FileClient" will be deprecated in future',
+                 '"HardDiskBackend" is the alias of "LocalBackend"',
+                 '`save_param_scheduler` is True but `self.param_schedulers` is None',
+                 '`resume_param_scheduler` is True but `self.param_schedulers` is None')
+#: torch's warning at every load under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (twice per resume,
+#: xtuner's seed load and the runner's); the logged notice of compat.py says it once.
+WEIGHTS_ONLY_WARNING = 'Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected'
+
+
+class ConsoleFilter(logging.Filter):
+    """Keeps the console to what a user reads; the log file still gets every record.
+
+    While ``quiet`` is set (the runner's construction) INFO records are dropped: the
+    system and runtime environment, the whole config and the hook table, about 220
+    lines. Messages starting with one of :data:`CONSOLE_NOISE` are always dropped.
+    """
+
+    def __init__(self, quiet: bool) -> None:
+        super().__init__()
+        self.quiet = quiet
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.quiet and record.levelno <= logging.INFO:
+            return False
+        return not str(record.msg).startswith(CONSOLE_NOISE)
 
 
 @contextmanager
@@ -23,7 +61,9 @@ def trusted_checkpoint_load() -> Iterator[None]:
     old = os.environ.get(name)
     os.environ[name] = '1'
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message=WEIGHTS_ONLY_WARNING)
+            yield
     finally:
         if old is None:
             os.environ.pop(name, None)
@@ -44,10 +84,63 @@ class RLRunner(Runner):
     - Checkpoint loading unpickles mmengine's checkpoints (see
       :func:`trusted_checkpoint_load`).
 
+    - A quiet start: what mmengine logs while the runner is built (environment,
+      config, hooks) goes to the log file only, and the console says where it is;
+      ``log_level='DEBUG'`` prints it as mmengine does. See :class:`ConsoleFilter`.
+    - Checkpoint files: temporary files of saves that were killed before they
+      finished (:class:`~.fileio.AtomicLocalBackend`) are removed from the work
+      directory at start and from the directory of a resumed checkpoint, with a
+      warning that lists them; a checkpoint that cannot be loaded stops the run with
+      an error that names it and the newest earlier checkpoint that looks whole.
+
     Config: ``runner_type = 'RLRunner'``. ``xtuner train --deepspeed`` replaces the
     runner with mmengine's FlexibleRunner (GPU only), which keeps mmengine's own
     behaviour.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._console_filter: ConsoleFilter | None = None
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            quiet = self._console_filter is not None and self._console_filter.quiet
+            if self._console_filter is not None:
+                self._console_filter.quiet = False
+        log_file = next((h.baseFilename for h in self.logger.handlers
+                         if isinstance(h, logging.FileHandler)), None)
+        if quiet and log_file:
+            self.logger.info(f"Environment, config and hooks: {log_file} (log_level='DEBUG' "
+                             'prints them here)')
+        self._remove_stale_temporaries(self.work_dir)
+
+    def build_logger(self, log_level: int | str = 'INFO', log_file: str | None = None,
+                     **kwargs):
+        logger = super().build_logger(log_level=log_level, log_file=log_file, **kwargs)
+        level = logging.getLevelName(log_level) if isinstance(log_level, str) else log_level
+        self._console_filter = ConsoleFilter(quiet=level > logging.DEBUG)
+        for handler in logger.handlers:
+            if (isinstance(handler, logging.StreamHandler)
+                    and not isinstance(handler, logging.FileHandler)):
+                handler.addFilter(self._console_filter)
+        return logger
+
+    def _remove_stale_temporaries(self, directory: str | os.PathLike) -> None:
+        """Removes what killed saves left in ``directory`` (main process; before training)."""
+        if not is_main_process():
+            return
+        removed = remove_stale_temporaries(directory)
+        if removed:
+            listed = ', '.join(f'{path.name} ({size / 2**20:.1f} MiB)' for path, size in removed)
+            self.logger.warning(f'Removed {len(removed)} unfinished checkpoint file(s) that '
+                                f'interrupted saves left in {directory}: {listed}')
+
+    def resume(self, filename: str, *args, **kwargs) -> None:
+        problem = checkpoint_problem(filename)
+        if problem is not None:
+            raise CheckpointError(unreadable_checkpoint_message(filename, problem))
+        if Path(filename).parent.resolve() != Path(self.work_dir).resolve():
+            self._remove_stale_temporaries(Path(filename).parent)
+        super().resume(filename, *args, **kwargs)
 
     def setup_env(self, env_cfg: dict) -> None:
         if self.distributed and not torch.cuda.is_available() and not dist.is_initialized():
@@ -60,5 +153,17 @@ class RLRunner(Runner):
         super().setup_env(env_cfg)
 
     def load_checkpoint(self, filename: str, *args, **kwargs):
-        with trusted_checkpoint_load():
-            return super().load_checkpoint(filename, *args, **kwargs)
+        problem = checkpoint_problem(filename) if os.path.exists(filename) else None
+        if problem is not None:
+            raise CheckpointError(unreadable_checkpoint_message(filename, problem))
+        try:
+            with trusted_checkpoint_load():
+                return super().load_checkpoint(filename, *args, **kwargs)
+        except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile) as exc:
+            raise CheckpointError(unreadable_checkpoint_message(
+                filename, f'its data is damaged ({type(exc).__name__}: {exc})')) from exc
+        except RuntimeError as exc:
+            if 'PytorchStreamReader' not in str(exc):  # not the file: e.g. a shape mismatch
+                raise
+            raise CheckpointError(unreadable_checkpoint_message(
+                filename, f'its data is damaged ({exc})')) from exc

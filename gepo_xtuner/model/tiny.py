@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -166,8 +166,13 @@ def _lr_factor(step: int, steps: int) -> float:
 
 
 def _train(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, records: list[dict], *,
-           seed: int, steps: int, batch_size: int, lr: float) -> float:
-    """Teacher-forced AdamW pass over random batches of ``records``; returns the last loss."""
+           seed: int, steps: int, batch_size: int, lr: float,
+           progress: Callable[[str], None] | None = None) -> float:
+    """Teacher-forced AdamW pass over random batches of ``records``; returns the last loss.
+
+    ``progress`` gets a line about every tenth of the steps (loss, elapsed time).
+    """
+    start, every = time.perf_counter(), max(1, steps // 10)
     gen = torch.Generator().manual_seed(seed)  # batches independent of the global RNG
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps))
@@ -184,6 +189,9 @@ def _train(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, records:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        if progress is not None and ((step + 1) % every == 0 or step + 1 == steps):
+            progress(f'warm start: step {step + 1}/{steps}, loss {loss.item():.3f}, '
+                     f'{time.perf_counter() - start:.0f} s')
     model.eval()
     return loss.item()
 
@@ -201,7 +209,7 @@ def _publish(tmp: Path, final: Path) -> None:
 def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
                batch_size: int = 64, lr: float = 3e-3, n_sft_per_domain: int = 2000,
                n_train_per_domain: int = 2000, n_val_per_domain: int = 200,
-               force: bool = False) -> Path:
+               force: bool = False, progress: Callable[[str], None] | None = None) -> Path:
     """Builds the task files and a supervised warm-started tiny policy, cached on disk.
 
     Writes ``out_dir/data/{sft,train,val}.jsonl`` and ``out_dir/model/``: model, tokenizer
@@ -229,6 +237,8 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
             warm start never saw).
         n_val_per_domain: val records per domain (for the reported accuracy).
         force: retrain even if a cached model with these parameters exists.
+        progress: called with one line per stage and about every tenth of the steps
+            (e.g. ``print``); nothing is reported when the cache is used.
 
     Returns:
         The model directory ``out_dir/model`` (load it with :func:`load_tiny`).
@@ -266,8 +276,13 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
     try:
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(len(tokenizer), seed)
+        if progress is not None:
+            progress(f'warm start: {steps} supervised steps of {batch_size} records '
+                     '(cached afterwards; progress every tenth)')
         loss = _train(model, tokenizer, sft, seed=seed, steps=steps, batch_size=batch_size,
-                      lr=lr)
+                      lr=lr, progress=progress)
+        if progress is not None:
+            progress(f'warm start: greedy accuracy on {len(val)} val prompts')
         accuracy = greedy_accuracy(model, tokenizer, val)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -198,6 +198,9 @@ def test_prepare_tool_trains_then_reuses(tmp_path, capsys):
     first = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True,
                            cwd=ROOT, check=True).stdout
     assert 'warm start took' in first and f'model: {tmp_path / "model"}' in first
+    progress = [line for line in first.splitlines() if line.startswith('warm start: step ')]
+    assert [line.split(',')[0] for line in progress] == [
+        'warm start: step 1/3', 'warm start: step 2/3', 'warm start: step 3/3']
     assert all(f'  {d:<6} ' in first for d in DOMAINS)
     spec = importlib.util.spec_from_file_location('prepare_tiny_cpu', tool)
     module = importlib.util.module_from_spec(spec)

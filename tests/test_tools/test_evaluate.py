@@ -148,6 +148,22 @@ def test_checkpoint_input_uses_its_weights_rewards_and_template(setup, full_run,
     assert scores(out) == scores(full_run)
 
 
+def test_a_checkpoint_answers_within_its_training_length_unless_told(setup, tmp_path):
+    d = setup['dir']
+    ckpt = torch.load(d / 'iter_3.pth', weights_only=False)
+    cfg = Config.fromstring(ckpt['meta']['cfg'], '.py')
+    cfg.train_cfg.sampling = dict(max_new_tokens=3)
+    torch.save(dict(ckpt, meta=dict(cfg=cfg.pretty_text)), tmp_path / 'iter_4.pth')
+    args = ['--data', str(d / 'a.jsonl'), '--limit', '2', '--batch-size', '2']
+    for extra, expected in (([], 3), (['--max-new-tokens', '4'], 4)):
+        out = tmp_path / f'out{expected}'
+        assert evaluate.main([str(tmp_path / 'iter_4.pth'), *args, '--out', str(out),
+                              *extra]) == 0
+        assert json.loads((out / 'settings.json').read_text())['max_new_tokens'] == expected
+        samples = [json.loads(x) for x in (out / 'a.samples.jsonl').read_text().splitlines()]
+        assert max(s['response_tokens'] for s in samples) <= expected
+
+
 def test_avg_at_n_samples_and_refuses_to_mix_settings(setup, tmp_path):
     out = tmp_path / 'sampled'
     assert evaluate.main(hf(setup, out, '--n', '2', '--temperature', '1.0', '--limit',
