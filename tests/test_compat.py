@@ -17,6 +17,9 @@ TRAIN = '/venv/lib/python3.11/site-packages/xtuner/tools/train.py'
     ([], False),
 ])
 def test_only_xtuner_train_with_resume(monkeypatch, argv, expected):
-    monkeypatch.delenv(WEIGHTS_ONLY_ENV, raising=False)
+    # setenv first so that teardown removes what the call sets (a bare delenv of an absent
+    # variable records nothing, and the variable would leak into later tests' subprocesses)
+    monkeypatch.setenv(WEIGHTS_ONLY_ENV, 'unset')
+    monkeypatch.delenv(WEIGHTS_ONLY_ENV)
     assert allow_pickle_checkpoints_for_xtuner_resume(argv) is expected
     assert (os.environ.get(WEIGHTS_ONLY_ENV) == '1') is expected

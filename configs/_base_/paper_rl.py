@@ -92,7 +92,9 @@ train_cfg = dict(
         math=dict(type='MathReward'),
         physics=dict(type='NumericReward'),
         science=dict(type='MultipleChoiceReward'),
-        code=dict(type='CodeReward'),
+        # policy-written programs: refuse to start without file-system containment
+        # (bwrap or Landlock; docs/rewards.md) rather than run them unconfined
+        code=dict(type='CodeReward', min_containment='landlock'),
         instruction=dict(type='InstructionFollowingReward'),
         chart=dict(type='ChartQAReward')),
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_response_tokens),

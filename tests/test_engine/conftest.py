@@ -51,6 +51,7 @@ def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[s
           timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
     """Runs xtuner's training entry point for real and returns the finished process."""
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=str(ROOT))
+    env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)  # as a user's shell: torch's default loads
     cmd = (launcher or [sys.executable, '-m', 'xtuner.tools.train']) + [
         str(cfg), '--work-dir', str(work_dir), '--cfg-options', *FAST, *options]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,

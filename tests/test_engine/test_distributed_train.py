@@ -3,11 +3,19 @@
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from .conftest import FAST, ROOT, scalars, write_config
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (tests may run beside other distributed jobs)."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
 
 
 def test_two_process_gloo_run_has_identical_thresholds_on_both_ranks(tmp_path, tiny_dir):
@@ -20,7 +28,7 @@ def test_two_process_gloo_run_has_identical_thresholds_on_both_ranks(tmp_path, t
     """)
     work = tmp_path / 'run'
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny_dir), PYTHONPATH=str(ROOT),
-               NPROC_PER_NODE='2', PORT='29517', OMP_NUM_THREADS='1',
+               NPROC_PER_NODE='2', PORT=str(free_port()), OMP_NUM_THREADS='1',
                PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
     proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work), '--cfg-options',
                            *FAST, 'train_cfg.max_steps=3'], capture_output=True, text=True,
@@ -53,7 +61,7 @@ def test_two_ranks_with_every_response_removed_still_step_together(tmp_path, tin
     """)
     work = tmp_path / 'run'
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny_dir), PYTHONPATH=str(ROOT),
-               NPROC_PER_NODE='2', PORT='29519', OMP_NUM_THREADS='1',
+               NPROC_PER_NODE='2', PORT=str(free_port()), OMP_NUM_THREADS='1',
                PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
     proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work), '--cfg-options',
                            *FAST, 'train_cfg.max_steps=2', 'train_cfg.rewards.default.max_len=-1'],
