@@ -11,6 +11,10 @@ MODULES = ['answer', 'base', 'chart', 'choice', 'code', 'ifeval_checks', 'instru
 
 @pytest.mark.parametrize('name', MODULES)
 def test_docstring_examples(name):
+    # the sandbox logs its containment level once per process, at the first CodeReward: have that
+    # happen here so the examples' output does not depend on which tests ran before
+    from gepo_xtuner.reward.code import CodeReward
+    CodeReward(timeout_s=5)
     module = importlib.import_module(f'gepo_xtuner.reward.{name}')
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0, f'{name} has no docstring examples'
