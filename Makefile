@@ -7,6 +7,20 @@ TINY_DIR ?= work_dirs/tiny_cpu
 DEMO_WORK_DIR ?= work_dirs/gepo_tiny_cpu
 ANALYSIS_DIR ?= work_dirs/demo_analysis
 
+# XTuner v1's RL trainer (xtuner/v1: Ray + LMDeploy, not on PyPI) for
+# gepo_xtuner.integrations.xtuner_v1 and its tests (docs/xtuner_v1.md). The wheel, built from
+# XTuner's main branch, has the name and version of PyPI's xtuner 0.2.0, so it goes with the
+# packages of requirements-xtuner-v1.txt into $(XTUNER_V1_DEPS), put first on PYTHONPATH for the
+# processes that use v1; the venv keeps legacy xtuner and its torch is reused. `make test` sets
+# it up when the wheel is there and runs without it otherwise. Defined before the rules that
+# name it: make expands a rule's prerequisites when it reads the rule.
+XTUNER_V1_WHEEL_DIR ?= ../shared/wheels/xtuner-v1-b934f462
+XTUNER_V1_WHEEL := $(firstword $(wildcard $(XTUNER_V1_WHEEL_DIR)/xtuner-*.whl))
+XTUNER_V1_DEPS ?= work_dirs/xtuner_v1_deps
+XTUNER_V1_TEST_DEPS := $(if $(XTUNER_V1_WHEEL),$(XTUNER_V1_DEPS)/.installed)
+# ... and then its tests fail instead of skipping when the overlay cannot be used
+V1_REQUIRED := $(if $(XTUNER_V1_WHEEL),GEPO_REQUIRE_XTUNER_V1=1)
+
 .PHONY: demo demo-analysis test test-all bench clean-venv
 
 $(STAMP): setup.py
@@ -36,11 +50,11 @@ demo-analysis: $(STAMP)
 	$(PY) tools/analyze_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl --out $(ANALYSIS_DIR)
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
-	$(PY) -m pytest -m "not slow"
+	$(V1_REQUIRED) $(PY) -m pytest -m "not slow"
 
 # everything, including the `slow` tests (smoke runs of every shipped config)
 test-all: $(STAMP) $(XTUNER_V1_TEST_DEPS)
-	$(PY) -m pytest
+	$(V1_REQUIRED) $(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) tools/bench_advantage.py
@@ -91,16 +105,6 @@ $(TF5_DEPS)/.installed: requirements-transformers5.txt
 	$(PY) -m pip install --no-deps --target $(TF5_DEPS) -r requirements-transformers5.txt
 	touch $@
 
-# XTuner v1's RL trainer (xtuner/v1: Ray + LMDeploy, not on PyPI) for
-# gepo_xtuner.integrations.xtuner_v1 and its tests (docs/xtuner_v1.md). The wheel, built from
-# XTuner's main branch, has the name and version of PyPI's xtuner 0.2.0, so it goes with the
-# packages of requirements-xtuner-v1.txt into $(XTUNER_V1_DEPS), put first on PYTHONPATH for the
-# processes that use v1; the venv keeps legacy xtuner and its torch is reused. `make test` sets
-# it up when the wheel is there and runs without it otherwise.
-XTUNER_V1_WHEEL_DIR ?= ../shared/wheels/xtuner-v1-b934f462
-XTUNER_V1_WHEEL := $(firstword $(wildcard $(XTUNER_V1_WHEEL_DIR)/xtuner-*.whl))
-XTUNER_V1_DEPS ?= work_dirs/xtuner_v1_deps
-XTUNER_V1_TEST_DEPS := $(if $(XTUNER_V1_WHEEL),$(XTUNER_V1_DEPS)/.installed)
 .PHONY: xtuner-v1-deps
 
 xtuner-v1-deps: $(XTUNER_V1_DEPS)/.installed
