@@ -1,11 +1,17 @@
-"""Shared test fixtures: random rollout batches in the shape trainers produce them."""
+"""Shared test fixtures: random rollout batches in the shape trainers produce them, and the
+transformers-5 overlay."""
 
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from gepo_xtuner.advantage import RolloutBatch, encode_domains
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_len: int = 9,
@@ -46,3 +52,25 @@ def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_le
 @pytest.fixture
 def make_batch():
     return random_batch
+
+
+def _registry_reachable(tmp: Path) -> bool:
+    """Whether pip's configured index answers (downloads one 5 kB wheel)."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-cache-dir', '-q', '-d',
+         str(tmp), 'annotated-doc==0.0.7'], capture_output=True, text=True, timeout=120,
+        check=False)
+    return proc.returncode == 0
+
+
+@pytest.fixture(scope='session')
+def tf5_deps(tmp_path_factory) -> Path:
+    """The overlay of ``make tf5-deps`` (installed now if missing or outdated)."""
+    proc = subprocess.run(['make', '-s', 'tf5-deps', f'PY={sys.executable}'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
+            pytest.skip('the transformers-5 overlay (make tf5-deps) is not installed and the '
+                        'package registry cannot be reached to install it')
+        pytest.fail(f'make tf5-deps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+    return ROOT / 'work_dirs' / 'tf5_deps'

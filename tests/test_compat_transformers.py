@@ -152,28 +152,6 @@ def test_both_wheels_install_the_startup_hook(tmp_path, kind):
 
 # ---------------------------------------------------------- transformers 5 (real overlay)
 
-def _registry_reachable(tmp: Path) -> bool:
-    """Whether pip's configured index answers (downloads one 5 kB wheel)."""
-    proc = subprocess.run(
-        [sys.executable, '-m', 'pip', 'download', '--no-deps', '--no-cache-dir', '-q', '-d',
-         str(tmp), 'annotated-doc==0.0.7'], capture_output=True, text=True, timeout=120,
-        check=False)
-    return proc.returncode == 0
-
-
-@pytest.fixture(scope='session')
-def tf5_deps(tmp_path_factory) -> Path:
-    """The overlay of ``make tf5-deps`` (installed now if missing or outdated)."""
-    proc = subprocess.run(['make', '-s', 'tf5-deps', f'PY={sys.executable}'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0:
-        if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
-            pytest.skip('the transformers-5 overlay (make tf5-deps) is not installed and the '
-                        'package registry cannot be reached to install it')
-        pytest.fail(f'make tf5-deps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
-    return TF5_DEPS
-
-
 def test_overlay_is_transformers_5_and_xtuner_needs_the_hook(tf5_deps):
     """Without the hook, xtuner's import fails on transformers 5: the hook is not a no-op."""
     proc = run_python("""

@@ -186,12 +186,7 @@ def test_qwen2_vl_falls_back_to_the_padded_path_or_packs_exactly(tmp_path):
     torch.testing.assert_close(ent[mask], ref_ent[mask], rtol=1e-5, atol=1e-5)
 
 
-TF5_DEPS = Path(__file__).resolve().parents[2] / 'work_dirs' / 'tf5_deps'
-
-
-@pytest.mark.skipif(not (TF5_DEPS / '.installed').exists(),
-                    reason='transformers 5 overlay not installed (make tf5-deps)')
-def test_transformers_5_packs_qwen2_exactly_and_keeps_qwen3_5_padded(tmp_path):
+def test_transformers_5_packs_qwen2_exactly_and_keeps_qwen3_5_padded(tmp_path, tf5_deps):
     """Qwen3.5's gated-delta-net layers carry state along the row: packing is declined."""
     code = textwrap.dedent(f"""
         import torch
@@ -214,7 +209,7 @@ def test_transformers_5_packs_qwen2_exactly_and_keeps_qwen3_5_padded(tmp_path):
             print(kind, auto.packs, auto.packing_problem)
     """)
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=f'{TF5_DEPS}{os.pathsep}{root}', OMP_NUM_THREADS='1')
+    env = dict(os.environ, PYTHONPATH=f'{tf5_deps}{os.pathsep}{root}', OMP_NUM_THREADS='1')
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env,
                           cwd=root, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
