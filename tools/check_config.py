@@ -327,10 +327,6 @@ class Checker:
         processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
         if processor is not None:
             self.rows['algorithm'] = describe(loop.advantage, type(processor))
-            if processor.init_state() is not None and not any(
-                    h.get('type') == 'GEPOThresholdHook' for h in self.cfg.get('custom_hooks', [])):
-                self.problem('custom_hooks', f'{type(processor).__name__} keeps state across '
-                             "steps: add dict(type='GEPOThresholdHook')")
         self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
         k = loop.get('num_responses', 8)
         if processor is not None and isinstance(k, int) and k < processor.min_group_size:

@@ -22,9 +22,9 @@ from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
                        minibatches)
-from .loop_state_hook import RLLoopStateHook
+from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
 from .optim_step import check_accumulation, optimizer_step
-from .requests import encode_request, prompt_token_ids
+from .requests import encode_request
 from .validation import Validator
 
 
@@ -39,12 +39,21 @@ class RLTrainLoop(BaseLoop):
     3. score them with the domain's reward function;
     4. compute old-policy logprobs (one no-grad forward; they give the importance
        ratio's denominator AND the group entropy, so GEPO costs no extra pass);
-    5. advantages from the configured processor (its state, e.g. GEPO's
-       thresholds, is owned and checkpointed by :class:`GEPOThresholdHook`);
+    5. advantages from the configured processor (an estimator such as GRPO, or a
+       shaper such as GEPO around one; a shaper's state, e.g. GEPO's thresholds,
+       belongs to the loop);
     6. ``ppo_epochs`` passes over the B*K responses in shuffled minibatches of
        ``minibatch_size``: one optimizer step each (:func:`optimizer_step`), with
        the gradients of the minibatch's micro-batches accumulated explicitly;
     7. hand the new weights to the rollout backend.
+
+    Run state: the loop is the one owner of everything that changes during
+    training (the processor's state, the RNG states, the metric history, the
+    policy loss's generators, the rollout backend's counters), exposed as
+    :meth:`state_dict` / :meth:`load_state_dict`. It registers
+    :class:`~gepo_xtuner.engine.loop_state_hook.RLLoopStateHook`, which stores that
+    dict in every checkpoint under ``'gepo_xtuner/rl_loop'`` and hands it back on
+    ``--resume``; configs list no hook for it.
 
     Loss normalisation: every micro-batch's loss is divided by the minibatch's
     token (or response) count over ALL ranks (one all-reduce per minibatch) and
@@ -149,7 +158,7 @@ class RLTrainLoop(BaseLoop):
         self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
         self._no_signal_steps = 0
         self.step_metrics: dict[str, float] = {}  # what the current step logged
-        self.advantage_state: Any = None  # handed over by GEPOThresholdHook
+        self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
@@ -158,6 +167,7 @@ class RLTrainLoop(BaseLoop):
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
+        self._resume_rng: dict[str, Any] | None = None  # set by load_state_dict
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
@@ -194,16 +204,14 @@ class RLTrainLoop(BaseLoop):
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
         check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
-        if self.advantage.init_state() is not None and self.advantage_state is None:
-            raise RuntimeError(f'{type(self.advantage).__name__} keeps state across steps; add '
-                               "dict(type='GEPOThresholdHook') to custom_hooks so that it is "
-                               'owned and checkpointed')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
-        RLLoopStateHook.restore_rng(self)
+        if self._resume_rng is not None:  # ... then continue the saved random streams
+            restore_rng(self._resume_rng)
+            self._resume_rng = None
         if self.validator is not None and self._iter == 0:  # the starting point
             with isolated_rng(self.runner.seed, 0):
-                metrics = self.validator.run(self)
+                metrics = self._validate()
             self.runner.visualizer.add_scalars(metrics, step=0)
             self.history.append(dict(step=0.0, **metrics))
             self._log_validation(0, metrics)
@@ -225,12 +233,59 @@ class RLTrainLoop(BaseLoop):
         return [encode_request(r, policy.tokenizer, processor, self.prompt_template)
                 for r in records]
 
-    def _tokenize(self, records: list[dict]) -> list[list[int]]:
-        """Prompt token ids as servers take them (one placeholder token per image)."""
-        policy = self.policy
-        processor = getattr(policy, 'processor', None)
-        return [prompt_token_ids(r, policy.tokenizer, processor, self.prompt_template)
-                for r in records]
+    # -- run state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of the run that changes during training, as of the end of this step.
+
+        Returns:
+            ``rng`` (torch/CUDA, NumPy, Python states: sampling, minibatch shuffles and
+            Clip-Cov's unseeded token choice draw from them), ``history`` (per-step
+            metrics, for the training-curve figure), ``advantage``
+            (``dict(processor=<class name>, state=...)``, stateful processors only),
+            ``policy_loss`` (e.g. Clip-Cov's seeded generators) and ``rollout`` (the
+            backend's counters). The data position needs no entry: on resume the
+            loop skips the prompts of the completed steps, which mmengine's samplers
+            replay deterministically.
+        """
+        state: dict[str, Any] = dict(rng=capture_rng(), history=list(self.history),
+                                     policy_loss=self.policy.policy_loss.state_dict(),
+                                     rollout=self.rollout.state_dict())
+        if self.advantage_state is not None:
+            state['advantage'] = dict(processor=type(self.advantage).__name__,
+                                      state=self.advantage_state.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from :meth:`state_dict`'s output (the RNG states apply once the used
+        prompts are skipped, at the start of :meth:`run`).
+
+        A missing entry, or processor state of another processor class, leaves that
+        part fresh and says so in the log.
+        """
+        self.history = list(state.get('history', []))
+        self._resume_rng = state.get('rng')
+        if 'policy_loss' in state:
+            self.policy.policy_loss.load_state_dict(state['policy_loss'])
+        if 'rollout' in state:
+            self.rollout.load_state_dict(state['rollout'])
+        if self.advantage_state is None:
+            return
+        current = type(self.advantage).__name__
+        saved = state.get('advantage')
+        if saved is None:
+            print_log(f'checkpoint has no advantage state for {current}; its state (e.g. '
+                      "GEPO's entropy band) starts fresh", logger='current', level=logging.WARNING)
+        elif saved['processor'] != current:
+            print_log(f'checkpoint holds {saved["processor"]} state but this run uses '
+                      f'{current}; the advantage state starts fresh', logger='current',
+                      level=logging.WARNING)
+        else:
+            self.advantage_state.load_state_dict(saved['state'])
+            print_log(f'restored {current} state: {saved["state"]}', logger='current')
+
+    def _validate(self) -> dict[str, float]:
+        return self.validator.run(self.rollout, self.rewards, self.policy.tokenizer,
+                                  self.encode_requests, self.sampling)
 
     def run_iter(self, records: list[dict]) -> None:
         """One RL step on this rank's ``records`` (B prompt records)."""
@@ -280,7 +335,7 @@ class RLTrainLoop(BaseLoop):
                                            or step == self._max_iters):
             t = time.perf_counter()
             with isolated_rng(self.runner.seed, step):  # training's RNG stream is untouched
-                val = self.validator.run(self)
+                val = self._validate()
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
             self._log_validation(step, val)
