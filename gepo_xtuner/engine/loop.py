@@ -204,6 +204,8 @@ class RLTrainLoop(BaseLoop):
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
         check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
+        print_log(f'advantage: {self.advantage!r}; policy loss: {policy.policy_loss!r}',
+                  logger='current')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
         if self._resume_rng is not None:  # ... then continue the saved random streams

@@ -83,6 +83,23 @@ def test_resumed_seeded_clip_cov_run_is_bit_exact(tmp_path, tiny_dir):
                                load_ckpt(resumed / 'iter_4.pth')['state_dict'], rtol=0, atol=0)
 
 
+def test_gepo_shaped_rloo_trains(tmp_path, tiny_dir):
+    """A shaper around a non-default estimator, configured in the config file only."""
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(advantage=dict(base=dict(type='RLOOAdvantage')))
+    """)
+    work = tmp_path / 'run'
+    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val.interval=100')
+    assert 'base=RLOOAdvantage()' in proc.stdout + proc.stderr
+    logged = scalars(work)
+    for step in (1, 2):
+        for key in ('gepo/h_low', 'gepo/h_high', 'shaping/frac_damped_pos',
+                    'shaping/frac_damped_neg', 'loss/pg'):
+            assert math.isfinite(logged[step][key]), (step, key)
+    state = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/rl_loop']['advantage']
+    assert state['processor'] == 'GEPOAdvantage' and state['state']['num_updates'] == 2
+
+
 def old_layout(ckpt: dict) -> dict:
     """The checkpoint as earlier versions wrote it: the processor state under its own key
     (written by a config hook), the loop's entry with RNG, history and the loss state only."""
