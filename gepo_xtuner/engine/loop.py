@@ -166,6 +166,12 @@ class RLTrainLoop(BaseLoop):
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
+        # every record must be scorable by its reward: a bad file fails now, not at step 1
+        records = getattr(getattr(self.dataloader, 'dataset', None), 'records', None)
+        if isinstance(records, list):
+            self.rewards.check_records(records, 'train_dataloader.dataset')
+        for vs in (self.validator.sets if self.validator else ()):
+            self.rewards.check_records(vs.records, f'train_cfg.val {vs.name or "path"}')
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
         self._resume_rng: dict[str, Any] | None = None  # set by load_state_dict
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)

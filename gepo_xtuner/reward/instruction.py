@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..registry import REWARDS
+from .base import Reward
 from .ifeval_checks import CHECKERS, check_instruction
 
 __all__ = ['InstructionFollowingReward']
@@ -37,7 +38,7 @@ def _instructions(record: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 @REWARDS.register_module()
-class InstructionFollowingReward:
+class InstructionFollowingReward(Reward):
     """Scores a response against the record's verifiable instructions.
 
     The record lists its instructions as ``instructions: [{"id": "<IFEval id>",
@@ -68,6 +69,11 @@ class InstructionFollowingReward:
         >>> reward('Ten words would be too many for this one really.', record)
         0.5
     """
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        unknown = [i for i, _ in _instructions(record) if i not in CHECKERS]
+        if unknown:
+            raise ValueError(f'unknown instruction id(s) {unknown}')
 
     def __init__(self, mode: Literal['all', 'fraction'] = 'all', loose: bool = False) -> None:
         if mode not in ('all', 'fraction'):
