@@ -20,6 +20,7 @@ from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
+from .geometry import StepGeometry
 from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
                        minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
@@ -105,6 +106,9 @@ class RLTrainLoop(BaseLoop):
             step's metrics (so checkpoints carry it too).
         reward_route_by: the record field that picks the reward function,
             ``'domain'`` (default) or ``'data_source'``.
+        prompts_per_step, minibatch_responses: the intended prompts per RL step and
+            responses per optimizer step over ALL ranks; when set, a world size that
+            does not split them evenly is refused (:class:`StepGeometry`).
     """
 
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
@@ -113,6 +117,7 @@ class RLTrainLoop(BaseLoop):
                  max_tokens_per_micro_batch: int | None = None,
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
+                 prompts_per_step: int | None = None, minibatch_responses: int | None = None,
                  micro_batch_size: Any = None, logprob_batch_size: Any = None) -> None:
         super().__init__(runner, dataloader)
         if micro_batch_size is not None or logprob_batch_size is not None:
@@ -148,13 +153,12 @@ class RLTrainLoop(BaseLoop):
                 f'compares each response with the others of its group: with fewer than '
                 f'{self.advantage.min_group_size} every advantage is 0 and nothing is learned; '
                 'set num_responses >= 2 (the paper uses 16)')
-        responses = getattr(self.dataloader, 'batch_size', None)
-        if isinstance(responses, int) and minibatch_size > responses * num_responses:
-            print_log(f'train_cfg.minibatch_size ({minibatch_size}) is larger than the '
-                      f'{responses} x {num_responses} = {responses * num_responses} responses '
-                      'of an RL step on this rank: every step takes ONE optimizer step over '
-                      'all of them; lower minibatch_size for several', logger='current',
-                      level=logging.WARNING)
+        prompts = getattr(self.dataloader, 'batch_size', None)
+        if isinstance(prompts, int):  # None with a custom batch sampler: sizes vary
+            geometry = StepGeometry(prompts, num_responses, minibatch_size, ppo_epochs,
+                                    dist_world_size(), prompts_per_step, minibatch_responses)
+            for warning in geometry.warnings():
+                print_log(warning, logger='current', level=logging.WARNING)
         self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
         self._no_signal_steps = 0
         self.step_metrics: dict[str, float] = {}  # what the current step logged
@@ -178,21 +182,11 @@ class RLTrainLoop(BaseLoop):
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
-    @property
-    def max_epochs(self) -> int:
-        return self._max_epochs
-
-    @property
-    def max_iters(self) -> int:
-        return self._max_iters
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def iter(self) -> int:
-        return self._iter
+    # what mmengine's runner and hooks read of a loop
+    max_epochs = property(lambda self: self._max_epochs)
+    max_iters = property(lambda self: self._max_iters)
+    epoch = property(lambda self: self._epoch)
+    iter = property(lambda self: self._iter)
 
     @property
     def policy(self):

@@ -112,6 +112,23 @@ class Validator:
                 self.groups.append(group)
 
     def _bench(self, i: int, bench: Any, defaults: dict[str, Any]) -> ValSet:
+        name, path, options, required = self.check_benchmark(i, bench, defaults)
+        return self._build(name, path, options, f'val.benchmarks[{i}] ({name})',
+                           required=required)
+
+    @staticmethod
+    def check_benchmark(i: int, bench: Any, defaults: dict[str, Any] | None = None
+                        ) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
+        """Checks one ``benchmarks`` entry without reading its file.
+
+        Returns:
+            ``(name, path, sampling options over defaults, required fields)``.
+
+        Raises:
+            ValueError: naming the entry and the key to change.
+        """
+        defaults = defaults or dict(n=1, temperature=0.0, top_p=1.0, top_k=0,
+                                    max_new_tokens=None)
         where = f'val.benchmarks[{i}]'
         if not isinstance(bench, dict):
             raise ValueError(f'{where} must be dict(name=..., path=...), got {bench!r}')
@@ -125,8 +142,7 @@ class Validator:
         if not isinstance(path, str) or not path:
             raise ValueError(f'{where}.path must be a data file, got {path!r}')
         options = {**defaults, **{k: v for k, v in bench.items() if k in defaults}}
-        return self._build(name, path, options, f'{where} ({name})',
-                           required=tuple(bench.get('required') or ()))
+        return name, path, options, tuple(bench.get('required') or ())
 
     @staticmethod
     def _build(name: str | None, path: str, options: dict[str, Any], where: str,

@@ -188,7 +188,8 @@ def test_global_batch_is_256_prompts_at_any_world_size(world_size, monkeypatch):
 def test_a_world_size_that_cannot_split_the_batch_is_refused(locations):
     proc = check(ROOT / 'configs' / 'grpo_qwen3_5_9b.py', '--world-size', '3', env=locations)
     assert proc.returncode == 1
-    assert '3 training processes cannot split the paper batch evenly' in proc.stdout
+    assert ('3 training processes cannot split the batch evenly: prompts per RL step should be '
+            '256 over all ranks') in proc.stdout
 
 
 def test_unset_model_path_names_the_variable(locations, monkeypatch):
@@ -318,7 +319,7 @@ def test_validation_benchmarks_are_checked(locations, tmp_path):
     proc = check(cfg, env=locations)
     assert proc.returncode == 1
     assert 'train_cfg.val.path' not in proc.stdout  # benchmarks alone are a valid form
-    assert "train_cfg.val.benchmarks[1]: unknown keys ['temp']" in proc.stdout
+    assert "train_cfg: val.benchmarks[1] does not take ['temp']" in proc.stdout
     assert f'{tmp_path}/absent.jsonl does not exist' in proc.stdout
     assert 'train_cfg.val.benchmarks[0]' not in proc.stdout
 
