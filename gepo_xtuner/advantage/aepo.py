@@ -134,18 +134,11 @@ class AEPOAdvantage(AdvantageShaper):
         self.entropy_high = None if entropy_high is None else float(entropy_high)
         self.gate = gate
 
-    def init_state(self) -> EntropyGateState:
-        return EntropyGateState(self.entropy_low, self.entropy_high, self.gate)
+    state_type = EntropyGateState
+    measures = 'batch entropy'
 
     def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
-              state: EntropyGateState | None) -> Shaping:
-        if not isinstance(state, EntropyGateState):
-            raise TypeError('AEPOAdvantage is stateful: create the state once with '
-                            '`state = processor.init_state()` and pass it to every call, '
-                            f'got {type(state).__name__}')
-        if batch.logprobs is None:
-            raise ValueError('AEPOAdvantage needs logprobs and mask in the batch to measure '
-                             'batch entropy')
+              state: EntropyGateState) -> Shaping:
         per_token = batch.entropies if batch.entropies is not None else -batch.logprobs
         sums, lengths = response_token_sums(per_token, batch.mask)
         total, count = all_reduce_sum(torch.stack([sums.sum(), lengths.sum()])).tolist()
@@ -160,3 +153,6 @@ class AEPOAdvantage(AdvantageShaper):
                    'aepo/positive_only': float(state.positive_only),
                    'aepo/frac_kept': float(1.0 - removed.double().mean())}
         return Shaping(adv, none, none, removed, metrics=metrics)
+
+    def init_state(self) -> EntropyGateState:
+        return EntropyGateState(self.entropy_low, self.entropy_high, self.gate)

@@ -378,6 +378,22 @@ class AdvantageShaper(AdvantageProcessor):
         self.base = estimator
         self.min_group_size = estimator.min_group_size
 
+    #: The class of this shaper's state (None: stateless); every call checks it.
+    state_type: type | None = None
+    #: What the shaper measures from the batch's logprobs ('' if it needs none).
+    measures: str = ''
+
+    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
+        name = type(self).__name__
+        if self.state_type is not None and not isinstance(state, self.state_type):
+            raise TypeError(f'{name} is stateful: create the state once with `state = '
+                            'processor.init_state()` and pass it to every call, got '
+                            f'{type(state).__name__}')
+        if self.measures and batch.logprobs is None:
+            raise ValueError(f'{name} needs the response logprobs and mask in the batch to '
+                             f'measure {self.measures}')
+        return super().__call__(batch, state)
+
     def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
         """The base estimator's advantages."""
         return self.base.estimate(rewards, segments)

@@ -166,15 +166,11 @@ class GEPOAdvantage(AdvantageShaper):
     def init_state(self) -> EntropyThresholdState:
         return EntropyThresholdState(self.beta_low, self.beta_high, self.gamma)
 
+    state_type = EntropyThresholdState
+    measures = 'group entropy'
+
     def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
-              state: EntropyThresholdState | None) -> Shaping:
-        if not isinstance(state, EntropyThresholdState):
-            raise TypeError('GEPOAdvantage is stateful: create the state once with '
-                            '`state = processor.init_state()` and pass it to every call, '
-                            f'got {type(state).__name__}')
-        if batch.logprobs is None:
-            raise ValueError('GEPOAdvantage needs the response logprobs and mask in the batch '
-                             'to measure group entropy')
+              state: EntropyThresholdState) -> Shaping:
         adv = advantages
         mu, sigma, count = global_group_entropy_stats(groups.entropy, groups.has_tokens)
         if count == 0:  # nothing to measure anywhere: leave the band untouched

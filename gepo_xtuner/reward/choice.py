@@ -174,12 +174,6 @@ class MultipleChoiceReward(Reward):
 
     required_fields = ('answer',)
 
-    def parse_record(self, record: dict[str, Any]) -> None:
-        choices = _choices(record)
-        if len(choices) > len(LETTERS):
-            raise ValueError(f'{len(choices)} choices; at most {len(LETTERS)} (A-J) are supported')
-        reference_letter(record, len(choices) or len(LETTERS))
-
     def __init__(self, match_option_text: bool = True, last_letter_fallback: bool = False
                  ) -> None:
         self.match_option_text = bool(match_option_text)
@@ -196,3 +190,9 @@ class MultipleChoiceReward(Reward):
                              choices if self.match_option_text else None,
                              self.last_letter_fallback)
         return float(got == correct)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        choices = _choices(record)
+        if len(choices) > len(LETTERS):
+            raise ValueError(f'{len(choices)} choices; at most {len(LETTERS)} (A-J) are supported')
+        reference_letter(record, len(choices) or len(LETTERS))

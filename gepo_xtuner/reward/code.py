@@ -237,9 +237,6 @@ class CodeReward(Reward):
 
     required_fields = ('tests',)
 
-    def parse_record(self, record: dict[str, Any]) -> None:
-        parse_tests(record)
-
     def __init__(self, timeout_s: float = 6.0, memory_mb: int = 1024,
                  partial_credit: bool = False, max_workers: int = 1,
                  max_output_bytes: int = 8 << 20, max_processes: int = 32,
@@ -294,3 +291,6 @@ class CodeReward(Reward):
                             other.cancel()  # not started yet: skipped
                         return 0.0
         return passed / len(cases)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        parse_tests(record)

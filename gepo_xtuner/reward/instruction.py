@@ -70,11 +70,6 @@ class InstructionFollowingReward(Reward):
         0.5
     """
 
-    def parse_record(self, record: dict[str, Any]) -> None:
-        unknown = [i for i, _ in _instructions(record) if i not in CHECKERS]
-        if unknown:
-            raise ValueError(f'unknown instruction id(s) {unknown}')
-
     def __init__(self, mode: Literal['all', 'fraction'] = 'all', loose: bool = False) -> None:
         if mode not in ('all', 'fraction'):
             raise ValueError(f"mode must be 'all' or 'fraction', got {mode!r}")
@@ -95,3 +90,8 @@ class InstructionFollowingReward(Reward):
         if self.mode == 'all':
             return float(all(followed))
         return sum(followed) / len(followed)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        unknown = [i for i, _ in _instructions(record) if i not in CHECKERS]
+        if unknown:
+            raise ValueError(f'unknown instruction id(s) {unknown}')

@@ -75,10 +75,6 @@ class MathReward(Reward):
 
     required_fields = ('answer',)
 
-    def parse_record(self, record: dict[str, Any]) -> None:
-        if not reference_answer(record['answer']).strip():
-            raise ValueError("'answer' states no reference (empty, or nothing after '####')")
-
     def __init__(self, timeout_s: float = 5.0, memory_mb: int | None = 4096,
                  float_rounding: int = 6, strict: bool = True) -> None:
         self.float_rounding = int(float_rounding)
@@ -91,3 +87,7 @@ class MathReward(Reward):
             raise ValueError(f"math record {record.get('id', '?')!r} has no 'answer'")
         return float(self._check(completion, reference_answer(record['answer']),
                                  self.float_rounding, self.strict))
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        if not reference_answer(record['answer']).strip():
+            raise ValueError("'answer' states no reference (empty, or nothing after '####')")
