@@ -84,13 +84,16 @@ def test_resumed_seeded_clip_cov_run_is_bit_exact(tmp_path, tiny_dir):
 
 
 def test_gepo_shaped_rloo_trains(tmp_path, tiny_dir):
-    """A shaper around a non-default estimator, configured in the config file only."""
+    """A shaper around a non-default estimator, configured in the config file only; the
+    config still lists the hook earlier versions needed, which now only says it can go."""
     cfg = write_config(tmp_path, extra="""
         train_cfg = dict(advantage=dict(base=dict(type='RLOOAdvantage')))
+        custom_hooks = [dict(type='TrainingCurvesHook'), dict(type='GEPOThresholdHook')]
     """)
     work = tmp_path / 'run'
     proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val.interval=100')
     assert 'base=RLOOAdvantage()' in proc.stdout + proc.stderr
+    assert "dict(type='GEPOThresholdHook') is no longer needed" in proc.stdout + proc.stderr
     logged = scalars(work)
     for step in (1, 2):
         for key in ('gepo/h_low', 'gepo/h_high', 'shaping/frac_damped_pos',
