@@ -331,12 +331,12 @@ class Checker:
         if processor is not None:
             self.rows['algorithm'] = describe(loop.advantage, type(processor))
         self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
-        k = loop.get('num_responses', 8)
-        if processor is not None and isinstance(k, int) and k < processor.min_group_size:
-            self.problem('train_cfg.num_responses',
-                         f'is {k}: {type(processor).__name__} compares responses within a '
-                         f'group, so fewer than {processor.min_group_size} learn nothing; set '
-                         'num_responses >= 2')
+        if processor is not None:
+            from gepo_xtuner.engine.geometry import check_group_size
+            try:  # the loop's own check
+                check_group_size(processor, loop.get('num_responses', 8))
+            except ValueError as exc:
+                self.problem('train_cfg', str(exc))
         try:
             params = SamplingParams(**dict(loop.get('sampling') or {}),
                                     n=loop.get('num_responses', 8))

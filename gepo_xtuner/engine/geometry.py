@@ -8,6 +8,22 @@ and prints its rows and warnings.
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+
+def check_group_size(processor: Any, num_responses: int) -> None:
+    """Refuses fewer responses per prompt than the processor can learn from.
+
+    Raises:
+        ValueError: ``num_responses < processor.min_group_size``.
+    """
+    need = getattr(processor, 'min_group_size', 1)
+    if isinstance(num_responses, int) and num_responses < need:
+        raise ValueError(
+            f'train_cfg.num_responses is {num_responses}, but {type(processor).__name__} '
+            'compares each response with the others of its group: with fewer than '
+            f'{need} every advantage is 0 and nothing is learned; set num_responses >= {need} '
+            '(the paper uses 16)')
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
-from .geometry import StepGeometry
+from .geometry import StepGeometry, check_group_size
 from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
                        minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
@@ -147,12 +147,7 @@ class RLTrainLoop(BaseLoop):
         self.ppo_epochs = ppo_epochs
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
-        if num_responses < self.advantage.min_group_size:
-            raise ValueError(
-                f'train_cfg.num_responses is {num_responses}, but {type(self.advantage).__name__} '
-                f'compares each response with the others of its group: with fewer than '
-                f'{self.advantage.min_group_size} every advantage is 0 and nothing is learned; '
-                'set num_responses >= 2 (the paper uses 16)')
+        check_group_size(self.advantage, num_responses)
         prompts = getattr(self.dataloader, 'batch_size', None)
         if isinstance(prompts, int):  # None with a custom batch sampler: sizes vary
             geometry = StepGeometry(prompts, num_responses, minibatch_size, ppo_epochs,

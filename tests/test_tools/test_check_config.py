@@ -327,7 +327,8 @@ def test_validation_benchmarks_are_checked(locations, tmp_path):
 def test_one_response_per_prompt_is_a_problem(locations):
     proc = check(ROOT / 'configs' / 'gepo_intern_s1_mini.py', '--world-size', '8',
                  '--cfg-options', 'train_cfg.num_responses=1', env=locations)
-    assert 'train_cfg.num_responses: is 1: GEPOAdvantage compares responses' in proc.stdout
+    assert ('train_cfg.num_responses is 1, but GEPOAdvantage compares each response'
+            in proc.stdout)
     assert proc.returncode == 1
 
 
