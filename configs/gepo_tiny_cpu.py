@@ -1,5 +1,5 @@
 # GEPO on the built-in CPU setting (make demo). Hyperparameters as in the paper; the
-# threshold state lives in GEPOThresholdHook and is checkpointed with the runner.
+# threshold state belongs to the RL loop and is checkpointed with it.
 _base_ = ['./_base_/tiny_cpu.py']
 
 train_cfg = dict(

@@ -4,14 +4,18 @@ Importing the package registers every processor, loss, rollout backend and rewar
 in :mod:`gepo_xtuner.registry`, and the RL loop, hooks, policy model, dataset and
 runner in mmengine's root registries, which is what
 ``custom_imports=dict(imports=['gepo_xtuner'])`` in an mmengine/XTuner config relies on.
+
+Importing changes nothing outside the package: no matplotlib backend, no environment
+variable, no patched module. The only exception is XTuner's own training process
+(``xtuner train ... --resume``), where :mod:`gepo_xtuner.compat` lists what it does.
+The CPU demo's tiny model and synthetic tasks are not imported.
 """
 
 from . import advantage, data, engine, loss, model, reward, rollout  # noqa: F401  (registers)
-from .compat import allow_pickle_checkpoints_for_xtuner_resume, refuse_unreadable_resume_checkpoint
+from .compat import apply_xtuner_train_shims
 from .registry import ADVANTAGES, POLICY_LOSSES, REWARDS, ROLLOUT_BACKENDS
 
 __version__ = '0.1.0'
 
-allow_pickle_checkpoints_for_xtuner_resume()
-refuse_unreadable_resume_checkpoint()
+apply_xtuner_train_shims()
 __all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'REWARDS', 'ROLLOUT_BACKENDS', '__version__']

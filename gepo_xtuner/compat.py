@@ -1,4 +1,29 @@
-"""Compatibility with the stack as installed: xtuner 0.2.0 CLI on torch >= 2.6."""
+"""Compatibility shims for XTuner 0.2.0's training program, and nothing else.
+
+Every workaround of this package for the installed stack is listed here, with the
+process it acts in. In an ordinary process (``python -c 'import gepo_xtuner'``, a
+test, a notebook) none of them changes anything outside the package.
+
+=========================================  ==============================================
+shim                                       acts only in
+=========================================  ==============================================
+:func:`refuse_unreadable_resume_checkpoint`  ``xtuner/tools/train.py ... --resume CKPT``:
+                                           exits with a clear message on a cut-off CKPT
+:func:`allow_pickle_checkpoints_for_xtuner_resume`  the same process: sets
+                                           ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` there,
+                                           because XTuner reads CKPT with a bare
+                                           ``torch.load`` before any runner exists
+``_gepo_xtuner_transformers5`` (top level)  the first ``import xtuner.utils`` of a
+                                           process: adds the one name transformers 5
+                                           removed and XTuner 0.2.0 imports; a start-up
+                                           hook, because XTuner imports it before any
+                                           config can import this package
+                                           (docs/transformers5.md)
+=========================================  ==============================================
+
+:func:`apply_xtuner_train_shims` is what ``import gepo_xtuner`` calls; it returns at
+once unless ``sys.argv`` is XTuner's training program's.
+"""
 
 import os
 import sys
@@ -20,6 +45,20 @@ def _xtuner_resume_path(argv: list[str]) -> str | None:
         if arg.startswith('--resume='):
             return arg.split('=', 1)[1]
     return None
+
+
+def apply_xtuner_train_shims(argv: list[str] | None = None) -> None:
+    """Runs the shims of XTuner's training process; does nothing in any other process.
+
+    Raises:
+        SystemExit: ``--resume`` names a cut-off checkpoint (see
+            :func:`refuse_unreadable_resume_checkpoint`).
+    """
+    argv = sys.argv if argv is None else argv
+    if _xtuner_resume_path(argv) is None:
+        return
+    allow_pickle_checkpoints_for_xtuner_resume(argv)
+    refuse_unreadable_resume_checkpoint(argv)
 
 
 def refuse_unreadable_resume_checkpoint(argv: list[str] | None = None) -> None:

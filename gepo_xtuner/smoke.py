@@ -609,7 +609,7 @@ def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps
                 minibatch_size=geometry.minibatch_size)
     loop['sampling'] = dict(loop.get('sampling') or {}, max_new_tokens=max_new_tokens)
     for key in ('micro_batch_size', 'logprob_batch_size', 'max_tokens_per_micro_batch',
-                'logprob_max_tokens_per_micro_batch'):
+                'logprob_max_tokens_per_micro_batch', 'prompts_per_step', 'minibatch_responses'):
         loop.pop(key, None)
     optim = out['optim_wrapper']
     optim.pop('accumulative_counts', None)

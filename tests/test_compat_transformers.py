@@ -184,8 +184,7 @@ def train_tf5(tmp_path: Path, tiny: Path, work_dir: Path, overlay: Path,
         custom_imports = dict(imports=['gepo_xtuner', 'tests.test_engine.plugins',
                                        'tests.transformers5_plugins'],
                               allow_failed_imports=False)
-        custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook'),
-                        dict(type='StackProbeHook')]
+        custom_hooks = [dict(type='TrainingCurvesHook'), dict(type='StackProbeHook')]
     """))
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=f'{overlay}{os.pathsep}{ROOT}',
                OMP_NUM_THREADS='1')

@@ -31,13 +31,21 @@ def build_processor(name: str, options: dict):
         raise SystemExit(f'error: --advantage {name!r} is not registered; choose one of '
                          f'{sorted(ADVANTAGES.module_dict)}')
     params = [p for p in inspect.signature(cls.__init__).parameters if p != 'self']
+    nested: dict = {}
+    for key, value in options.items():  # 'base.type=RLOOAdvantage' -> base=dict(type=...)
+        *parents, leaf = key.split('.')
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    options = nested
     unknown = sorted(set(options) - set(params))
     if unknown:
         raise SystemExit(f'error: --cfg-options {unknown} are not parameters of {name}; '
                          f'valid: {params}')
     try:
         return ADVANTAGES.build(dict(type=name, **options))
-    except ValueError as exc:
+    except (TypeError, ValueError, KeyError) as exc:
         raise SystemExit(f'error: --cfg-options: {exc}') from None
 
 
@@ -48,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--advantage', default='GEPOAdvantage',
                         help='advantage processor registry name (default: GEPOAdvantage)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
-                        help='processor parameters, e.g. alpha_low=0.5 beta_high=0.3 gamma=0.01')
+                        help='processor parameters, e.g. alpha_low=0.5 beta_high=0.3 gamma=0.01; '
+                        'a shaper\'s estimator as base.type=RLOOAdvantage')
     args = parser.parse_args(argv)
 
     processor = build_processor(args.advantage, dict(args.cfg_options))
@@ -62,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_report(table, analysis, domains, args.out, args.advantage)
 
     print(f'{len(table)} responses, {len(analysis.thresholds)} steps, '
-          f'{len(domains)} domains, processor {args.advantage}')
+          f'{len(domains)} domains, processor {processor!r}')
     header = f'{"domain":<24}{"groups":>7}{"H_g mean":>10}{"acc":>7}{"skew":>8}' \
              f'{"skew out":>9}{"low%":>7}{"high%":>7}'
     print(header)

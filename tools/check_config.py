@@ -49,6 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The package of this checkout, whatever else is installed: the tool checks its own tree.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 HUB_ID = re.compile(r'[\w.-]+(/[\w.-]+)?')  # 'org/name' or 'name'; anything else is a path
 ENV_PATTERN = re.compile(r'\{\{[\'"]?\s*\$(\w+)\s*:\s*(\S*?)\s*[\'"]?\}\}')  # mmengine's syntax
 LAUNCH_NOTE = ('half-precision weights: launch with `--deepspeed deepspeed_zero2` (mmengine\'s '
@@ -327,17 +330,13 @@ class Checker:
         processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
         if processor is not None:
             self.rows['algorithm'] = describe(loop.advantage, type(processor))
-            if processor.init_state() is not None and not any(
-                    h.get('type') == 'GEPOThresholdHook' for h in self.cfg.get('custom_hooks', [])):
-                self.problem('custom_hooks', f'{type(processor).__name__} keeps state across '
-                             "steps: add dict(type='GEPOThresholdHook')")
         self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
-        k = loop.get('num_responses', 8)
-        if processor is not None and isinstance(k, int) and k < processor.min_group_size:
-            self.problem('train_cfg.num_responses',
-                         f'is {k}: {type(processor).__name__} compares responses within a '
-                         f'group, so fewer than {processor.min_group_size} learn nothing; set '
-                         'num_responses >= 2')
+        if processor is not None:
+            from gepo_xtuner.engine.geometry import check_group_size
+            try:  # the loop's own check
+                check_group_size(processor, loop.get('num_responses', 8))
+            except ValueError as exc:
+                self.problem('train_cfg', str(exc))
         try:
             params = SamplingParams(**dict(loop.get('sampling') or {}),
                                     n=loop.get('num_responses', 8))
@@ -348,16 +347,17 @@ class Checker:
             self.problem('train_cfg.sampling', exc)
         val = loop.get('val')
         if val:
-            from gepo_xtuner.engine.validation import BENCHMARK_KEYS
+            from gepo_xtuner.engine.validation import Validator
             sets = []
             if val.get('path') is not None:
                 sets.append(self.path(val['path'], 'train_cfg.val.path', 'file')
                             + self.records(dict(path=val['path']), 'train_cfg.val.path'))
             for i, bench in enumerate(val.get('benchmarks') or []):
                 key = f'train_cfg.val.benchmarks[{i}]'
-                unknown = sorted(set(bench) - set(BENCHMARK_KEYS))
-                if unknown:
-                    self.problem(key, f'unknown keys {unknown}; allowed: {list(BENCHMARK_KEYS)}')
+                try:  # the validator's own check (it reads the file below)
+                    Validator.check_benchmark(i, bench)
+                except ValueError as exc:
+                    self.problem('train_cfg', str(exc))
                 where = self.path(bench.get('path'), f'{key}.path', 'file') + self.records(
                     dict(path=bench.get('path'), required=bench.get('required')), f'{key}.path')
                 sets.append(f'{bench.get("name", "?")}: {where}')
@@ -397,27 +397,18 @@ class Checker:
                 'tools/dist_train.sh do)')
 
     def check_batch(self, loop: dict, optim: dict) -> None:
-        prompts = (self.cfg.get('train_dataloader') or {}).get('batch_size')
-        k = loop.get('num_responses', 8)
-        minibatch = loop.get('minibatch_size', 32)
-        epochs = loop.get('ppo_epochs', 1)
-        if not all(isinstance(v, int) and v >= 1 for v in (prompts, k, minibatch, epochs)):
-            self.problem('train_cfg', 'train_dataloader.batch_size, num_responses, '
-                         'minibatch_size and ppo_epochs must be integers >= 1')
+        from gepo_xtuner.engine.geometry import StepGeometry
+        try:  # the loop's own check, with the world size this tool was given
+            geometry = StepGeometry(
+                (self.cfg.get('train_dataloader') or {}).get('batch_size'),
+                loop.get('num_responses', 8), loop.get('minibatch_size', 32),
+                loop.get('ppo_epochs', 1), self.world_size, loop.get('prompts_per_step'),
+                loop.get('minibatch_responses'))
+        except ValueError as exc:
+            self.problem('train_cfg', exc)
             return
-        w = self.world_size
-        self.rows['world size'] = f'{w} ({self.world_source})'
-        self.rows['prompts per RL step'] = f'{prompts} per rank x {w} = {prompts * w}'
-        responses = prompts * k
-        self.rows['responses per RL step'] = f'{responses} per rank x {w} = {responses * w}'
-        self.rows['minibatch'] = (f'{minibatch} responses per rank x {w} = {minibatch * w} '
-                                  f'responses (= {minibatch * w / k:g} prompts)')
-        steps = -(-responses // minibatch) * epochs
-        self.rows['optimizer steps per RL step'] = f'{steps} (ppo_epochs {epochs})'
-        if responses % minibatch:
-            self.warnings.append(f'train_cfg.minibatch_size: {responses} responses per rank do '
-                                 f'not split into minibatches of {minibatch}; they are split '
-                                 'into equal parts instead')
+        self.rows.update(geometry.rows(self.world_source))
+        self.warnings.extend(geometry.warnings())
         budget = loop.get('max_tokens_per_micro_batch')
         self.rows['micro batch'] = ('the whole minibatch per forward/backward' if budget is None
                                     else f'<= {budget} padded tokens per forward/backward '

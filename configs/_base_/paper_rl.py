@@ -35,10 +35,8 @@ rollout_batch_prompts = 256  # "batch size of 256": prompts per RL step, all ran
 minibatch_prompts = 32  # "minibatch size of 32": prompts per optimizer step, all ranks
 # Both sizes count prompts, as verl and XTuner count them: 256 / 32 = 8 optimizer steps per
 # rollout batch, each on 32 x 16 = 512 responses.
-if rollout_batch_prompts % world_size or minibatch_prompts * num_responses % world_size:
-    raise ValueError(f'{world_size} training processes cannot split the paper batch evenly '
-                     f'({rollout_batch_prompts} prompts, {minibatch_prompts} x {num_responses} '
-                     'responses per optimizer step); use 1, 2, 4, 8, ..., 256 GPUs')
+# A world size that does not divide them is refused when the loop is built
+# (train_cfg.prompts_per_step / minibatch_responses below; tools/check_config.py reports it).
 prompts_per_rank = rollout_batch_prompts // world_size
 minibatch_per_rank = minibatch_prompts * num_responses // world_size  # responses
 # Micro-batches are formed by a token budget per forward/backward (train_cfg's
@@ -100,6 +98,8 @@ train_cfg = dict(
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_response_tokens),
     prompt_template='{prompt}',  # records hold prompts with the chat template applied
     minibatch_size=minibatch_per_rank,
+    prompts_per_step=rollout_batch_prompts,  # checked: batch_size x world size
+    minibatch_responses=minibatch_prompts * num_responses,  # checked: minibatch_size x world
     # max_tokens_per_micro_batch: set by the experiment config from its algorithm base
     ppo_epochs=1,
     val=dict(path=data_dir + '/val.jsonl', interval=10))  # greedy; interval not in the paper

@@ -10,8 +10,8 @@ default_hooks = dict(
         by_epoch=False,
         max_keep_ckpts=2,
         backend_args=dict(backend='atomic_local')))  # a kill during a save loses nothing
-# GEPOThresholdHook owns and checkpoints GEPO's (and AEPO's) state; a no-op for the others.
-custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook')]
+# The RL loop owns and checkpoints its run state itself (processor state, RNG, history).
+custom_hooks = [dict(type='TrainingCurvesHook')]
 
 log_processor = dict(type='RLLogProcessor', window_size=1)
 visualizer = dict(

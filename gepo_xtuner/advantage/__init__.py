@@ -1,13 +1,19 @@
-"""Advantage processors, built from :data:`gepo_xtuner.registry.ADVANTAGES`."""
+"""Advantage processors, built from :data:`gepo_xtuner.registry.ADVANTAGES`.
+
+Estimators (GRPO, Dr.GRPO, RLOO) turn rewards into advantages; shapers (GEPO, AEPO)
+wrap any estimator: ``dict(type='GEPOAdvantage', base=dict(type='RLOOAdvantage'))``.
+"""
 
 from .aepo import AEPOAdvantage, EntropyGateState
-from .base import AdvantageOutput, AdvantageProcessor
+from .base import (AdvantageEstimator, AdvantageOutput, AdvantageProcessor, AdvantageShaper,
+                   EntropyBand, GroupView, Shaping)
 from .batch import RolloutBatch, encode_domains
 from .gepo import EntropyThresholdState, GEPOAdvantage, global_group_entropy_stats
 from .grpo import DrGRPOAdvantage, GRPOAdvantage, RLOOAdvantage
 
 __all__ = [
-    'AdvantageOutput', 'AdvantageProcessor', 'RolloutBatch', 'encode_domains', 'GRPOAdvantage',
+    'AdvantageEstimator', 'AdvantageOutput', 'AdvantageProcessor', 'AdvantageShaper',
+    'EntropyBand', 'GroupView', 'Shaping', 'RolloutBatch', 'encode_domains', 'GRPOAdvantage',
     'DrGRPOAdvantage', 'RLOOAdvantage', 'GEPOAdvantage', 'EntropyThresholdState',
     'global_group_entropy_stats', 'AEPOAdvantage', 'EntropyGateState'
 ]

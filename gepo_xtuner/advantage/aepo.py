@@ -10,9 +10,9 @@ from torch import Tensor
 
 from ..ops.distributed import all_reduce_sum
 from ..registry import ADVANTAGES
-from .base import AdvantageOutput, GroupView, response_token_sums
+from .base import AdvantageEstimator, AdvantageShaper, GroupView, Shaping, response_token_sums
 from .batch import RolloutBatch
-from .grpo import GRPOAdvantage
+from .gepo import _check_eps_with_base
 
 
 GATES = ('band', 'hysteresis')
@@ -70,8 +70,10 @@ class EntropyGateState:
 
 
 @ADVANTAGES.register_module()
-class AEPOAdvantage(GRPOAdvantage):
-    """GRPO advantages behind AEPO's batch-entropy gate (QwenLong-L1.5, arXiv 2512.12967).
+class AEPOAdvantage(AdvantageShaper):
+    """AEPO's batch-entropy gate around an estimator (QwenLong-L1.5, arXiv 2512.12967).
+
+    The estimator is GRPO unless ``base`` names another, as in the authors' setup.
 
     Follows the authors' released code (README of Tongyi-Zhiwen/Qwen-Doc,
     QwenLong-L1.5, "AEPO"), which runs after the advantage computation:
@@ -84,7 +86,8 @@ class AEPOAdvantage(GRPOAdvantage):
     - **Rule** (``gate='band'``, the code's): the gate is on when
       ``entropy_low < H < entropy_high``.
     - **When on**: only responses with ``A_i > 0`` AND ``r_i > 0`` stay; all others
-      are REMOVED from the batch (``AdvantageOutput.keep`` is False for them), so
+      are REMOVED from the batch (``Shaping.removed``; ``AdvantageOutput.keep`` is
+      False for them), so
       they also leave the loss's token-mean denominator. Their advantage is also
       set to 0, so a caller that ignores ``keep`` never trains on them.
 
@@ -107,12 +110,16 @@ class AEPOAdvantage(GRPOAdvantage):
         entropy_high: upper threshold, ``>= entropy_low``, or None for none
             (required for ``gate='hysteresis'``). Default None.
         gate: ``'band'`` (authors' code) or ``'hysteresis'``. Default ``'band'``.
-        eps: GRPO's std guard. Default 1e-8.
+        eps: the std guard of the default GRPO base. Default 1e-8.
+        base: the estimator to gate, e.g. ``dict(type='RLOOAdvantage')``; None:
+            ``GRPOAdvantage(eps=eps)``.
     """
 
     def __init__(self, entropy_low: float = 0.6, entropy_high: float | None = None,
-                 gate: str = 'band', eps: float = 1e-8) -> None:
-        super().__init__(eps=eps)
+                 gate: str = 'band', eps: float = 1e-8,
+                 base: dict | AdvantageEstimator | None = None) -> None:
+        _check_eps_with_base(type(self).__name__, eps, base)
+        super().__init__(base, default_eps=eps)
         if gate not in GATES:
             raise ValueError(f'AEPOAdvantage gate must be one of {list(GATES)}, got {gate!r}')
         if gate == 'hysteresis' and entropy_high is None:
@@ -127,34 +134,25 @@ class AEPOAdvantage(GRPOAdvantage):
         self.entropy_high = None if entropy_high is None else float(entropy_high)
         self.gate = gate
 
-    def init_state(self) -> EntropyGateState:
-        return EntropyGateState(self.entropy_low, self.entropy_high, self.gate)
+    state_type = EntropyGateState
+    measures = 'batch entropy'
 
-    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
-        out = super().__call__(batch, state)
-        if state.positive_only:
-            out.keep = ~out.shaped_high
-        return out
-
-    def _shape(self, adv: Tensor, groups: GroupView, batch: RolloutBatch,
-               state: EntropyGateState | None) -> tuple[Tensor, Tensor, Tensor, dict[str, float]]:
-        if not isinstance(state, EntropyGateState):
-            raise TypeError('AEPOAdvantage is stateful: create the state once with '
-                            '`state = processor.init_state()` and pass it to every call, '
-                            f'got {type(state).__name__}')
-        if batch.logprobs is None:
-            raise ValueError('AEPOAdvantage needs logprobs and mask in the batch to measure '
-                             'batch entropy')
+    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+              state: EntropyGateState) -> Shaping:
         per_token = batch.entropies if batch.entropies is not None else -batch.logprobs
         sums, lengths = response_token_sums(per_token, batch.mask)
         total, count = all_reduce_sum(torch.stack([sums.sum(), lengths.sum()])).tolist()
         entropy = total / count if count > 0 else math.nan
+        adv = advantages
         removed = torch.zeros_like(adv, dtype=torch.bool)
         if count > 0 and state.update(entropy):
             removed = ~((adv > 0) & (batch.rewards.to(adv.dtype) > 0))
             adv = torch.where(removed, 0.0, adv)
-        low = torch.zeros_like(removed)
+        none = torch.zeros_like(removed)
         metrics = {'aepo/batch_entropy': entropy,
                    'aepo/positive_only': float(state.positive_only),
                    'aepo/frac_kept': float(1.0 - removed.double().mean())}
-        return adv, low, removed, metrics
+        return Shaping(adv, none, none, removed, metrics=metrics)
+
+    def init_state(self) -> EntropyGateState:
+        return EntropyGateState(self.entropy_low, self.entropy_high, self.gate)

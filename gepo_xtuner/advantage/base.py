@@ -1,11 +1,15 @@
-"""Base advantage processor: group statistics, group entropy, per-domain metrics.
+"""Advantage processors: estimators, shapers that wrap them, and their shared pieces.
 
-Subclasses supply the per-group advantage estimate (:meth:`_advantages`) and, if
-they shape it, :meth:`_shape`. Everything is vectorised over the flat batch with
-segment operations (no Python loop over groups or responses) and runs on the
-device of the inputs.
+An estimator (:class:`AdvantageEstimator`) turns rewards into per-response
+advantages (:meth:`AdvantageProcessor.estimate`); a shaper (:class:`AdvantageShaper`)
+wraps any estimator and rescales or removes its advantages
+(:meth:`AdvantageProcessor.shape`, returning a :class:`Shaping`). The base class
+computes group entropies once and reports the metrics. Everything is vectorised
+over the flat batch with segment operations (no Python loop over groups or
+responses) and runs on the device of the inputs.
 """
 
+import abc
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,33 +22,98 @@ from .batch import RolloutBatch
 
 
 @dataclass
+class EntropyBand:
+    """The group-entropy band a shaper compared each group's entropy ``H_g`` with.
+
+    Attributes:
+        low, high: the thresholds used this step (NaN before the band exists).
+        mu, sigma: mean and population std of the group entropies the band is
+            computed from (over all ranks; NaN when no group has tokens).
+        num_groups: groups with tokens behind ``mu`` and ``sigma``.
+    """
+
+    low: float
+    high: float
+    mu: float
+    sigma: float
+    num_groups: int
+
+
+@dataclass
+class Shaping:
+    """What an :class:`AdvantageShaper` did to one batch of N responses.
+
+    The vocabulary says what happened to an advantage, not why, so that any
+    shaper (entropy bands, gates, length penalties, ...) can report in it.
+
+    Attributes:
+        advantages: ``(N,)`` float64, the shaped advantages.
+        damped_positive: ``(N,)`` bool, positive advantages whose magnitude was reduced.
+        damped_negative: ``(N,)`` bool, negative advantages whose magnitude was reduced.
+        removed: ``(N,)`` bool, responses taken out of the batch: they are in no
+            minibatch and no loss denominator (their advantage is also 0).
+        metrics: the shaper's own scalar metrics, named ``<shaper>/<metric>``.
+        band: the group-entropy band the shaper compared groups with, if it uses one.
+    """
+
+    advantages: Tensor
+    damped_positive: Tensor
+    damped_negative: Tensor
+    removed: Tensor
+    band: EntropyBand | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def identity(cls, advantages: Tensor) -> 'Shaping':
+        """No shaping: the advantages as they are, no response flagged."""
+        none = torch.zeros_like(advantages, dtype=torch.bool)
+        return cls(advantages, none, none, none)
+
+
+@dataclass
 class AdvantageOutput:
     """What a processor returns for a batch of N responses in G groups.
 
     Attributes:
         advantages: ``(N,)`` float32, the advantages to train on (after shaping).
-        raw_advantages: ``(N,)`` float32, before shaping (equal to ``advantages``
-            for processors that do not shape).
+        raw_advantages: ``(N,)`` float32, the estimator's, before shaping (equal to
+            ``advantages`` for processors that do not shape).
         group_entropy: ``(N,)`` float64, the per-token entropy H_g of each
             response's group (NaN where the group has no tokens or no logprobs
             were given).
-        shaped_low: ``(N,)`` bool, positive advantages scaled down because their
-            group's entropy is low.
-        shaped_high: ``(N,)`` bool, negative advantages scaled down (or masked)
-            because entropy is high.
+        damped_positive: ``(N,)`` bool, positive advantages a shaper reduced.
+        damped_negative: ``(N,)`` bool, negative advantages a shaper reduced.
         metrics: scalar metrics named ``area/metric``.
         keep: ``(N,)`` bool, the responses to train on; ``None`` keeps all. Rows
-            that are not kept leave the batch (AEPO's gate): they are not in any
+            that are not kept leave the batch (e.g. AEPO's gate): they are not in any
             minibatch and not in the loss denominators.
+        band: the group-entropy band of an entropy-band shaper (GEPO), else None.
     """
 
     advantages: Tensor
     raw_advantages: Tensor
     group_entropy: Tensor
-    shaped_low: Tensor
-    shaped_high: Tensor
+    damped_positive: Tensor
+    damped_negative: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     keep: Tensor | None = None
+    band: EntropyBand | None = None
+
+    @property
+    def shaped(self) -> Tensor:
+        """``(N,)`` bool, responses whose advantage a shaper changed or removed."""
+        out = self.damped_positive | self.damped_negative
+        return out if self.keep is None else out | ~self.keep
+
+    @property
+    def shaped_low(self) -> Tensor:
+        """GEPO's name for ``damped_positive`` (low-entropy groups)."""
+        return self.damped_positive
+
+    @property
+    def shaped_high(self) -> Tensor:
+        """GEPO's name for ``damped_negative`` (high-entropy groups), plus removed rows."""
+        return self.damped_negative if self.keep is None else self.damped_negative | ~self.keep
 
 
 @dataclass
@@ -102,13 +171,34 @@ def response_token_sums(values: Tensor, mask: Tensor,
     return sums, lengths
 
 
-class AdvantageProcessor:
-    """Base class. Call it on a :class:`RolloutBatch`; it returns an :class:`AdvantageOutput`.
+#: Metrics of what shaping did: shares of responses damped (positive / negative) or removed.
+SHAPING_KEYS = ('shaping/frac_damped_pos', 'shaping/frac_damped_neg', 'shaping/frac_removed')
 
-    Stateful processors (GEPO's thresholds, AEPO's gate) return a fresh state
-    object from :meth:`init_state`; the caller owns that object (a training hook
-    checkpoints it) and passes it to every call. Stateless processors return None
-    and ignore ``state``.
+
+class AdvantageProcessor(abc.ABC):
+    """Base class and contract of the advantage processors (:data:`~gepo_xtuner.registry.ADVANTAGES`).
+
+    Call it on a :class:`RolloutBatch`; it returns an :class:`AdvantageOutput`::
+
+        out = processor(batch, state)
+
+    One call is: :meth:`estimate` (rewards -> per-response advantages), then
+    :meth:`shape` (identity unless the processor is an :class:`AdvantageShaper`),
+    then the metrics. There are two kinds of extension:
+
+    * an **estimator** (:class:`AdvantageEstimator`: GRPO, Dr.GRPO, RLOO) implements
+      :meth:`estimate`;
+    * a **shaper** (:class:`AdvantageShaper`: GEPO, AEPO) wraps any estimator,
+      ``dict(type='GEPOAdvantage', base=dict(type='RLOOAdvantage'))``, and
+      implements :meth:`shape`.
+
+    Contract: both methods are pure tensor functions of the batch on its device
+    (segment operations, no Python loop over groups; whole groups on each rank,
+    any cross-rank statistic all-reduced so that every rank gets the same value);
+    arguments are validated when the processor is built; anything that changes
+    across steps lives in the object :meth:`init_state` returns, which the caller
+    (the RL loop) owns, checkpoints (``state_dict()`` / ``load_state_dict()``) and
+    passes to every call. Stateless processors return None and ignore ``state``.
     """
 
     #: Fewest responses per prompt that can carry a learning signal (2 for estimators
@@ -119,6 +209,28 @@ class AdvantageProcessor:
         """A fresh state for this processor, or None if it keeps none."""
         return None
 
+    def __repr__(self) -> str:
+        args = ', '.join(f'{k}={v!r}' for k, v in vars(self).items()
+                         if k[0] != '_' and k != 'min_group_size')
+        return f'{type(self).__name__}({args})'
+
+    @abc.abstractmethod
+    def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
+        """Per-response advantages before any shaping.
+
+        Args:
+            rewards: ``(N,)`` float64.
+            segments: response -> group (prompt) assignment.
+
+        Returns:
+            ``(N,)`` float64.
+        """
+
+    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+              state: Any) -> Shaping:
+        """Shapes :meth:`estimate`'s ``(N,)`` float64 advantages; identity by default."""
+        return Shaping.identity(advantages)
+
     def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
         """Computes advantages for one step's (local) batch.
 
@@ -128,32 +240,24 @@ class AdvantageProcessor:
                 update it in place; required for them).
 
         Returns:
-            The advantages, the masks of shaped responses and the metrics.
+            The advantages, what shaping did, and the metrics.
         """
         batch.validate()
         rewards = batch.rewards.to(torch.float64)
         groups = self._group_view(batch)
-        raw = self._advantages(rewards, groups.segments)
-        adv, low, high, metrics = self._shape(raw, groups, batch, state)
-        metrics.update(self._metrics(rewards, raw, adv, low, high, groups, batch))
+        raw = self.estimate(rewards, groups.segments)
+        shaping = self.shape(raw, groups, batch, state)
+        metrics = dict(shaping.metrics)
+        metrics.update(self._metrics(rewards, raw, shaping, groups, batch))
         return AdvantageOutput(
-            advantages=adv.to(torch.float32),
+            advantages=shaping.advantages.to(torch.float32),
             raw_advantages=raw.to(torch.float32),
             group_entropy=groups.segments.broadcast(groups.entropy),
-            shaped_low=low,
-            shaped_high=high,
-            metrics=metrics)
-
-    # -- subclass API ------------------------------------------------------------------
-    def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
-        """``(N,)`` float64 rewards -> ``(N,)`` float64 unshaped advantages."""
-        raise NotImplementedError
-
-    def _shape(self, adv: Tensor, groups: GroupView, batch: RolloutBatch, state: Any
-               ) -> tuple[Tensor, Tensor, Tensor, dict[str, float]]:
-        """Returns ``(shaped_adv, shaped_low, shaped_high, metrics)``; identity by default."""
-        none = torch.zeros_like(adv, dtype=torch.bool)
-        return adv, none, none, {}
+            damped_positive=shaping.damped_positive,
+            damped_negative=shaping.damped_negative,
+            metrics=metrics,
+            keep=~shaping.removed if bool(shaping.removed.any()) else None,
+            band=shaping.band)
 
     # -- shared pieces ------------------------------------------------------------------
     @staticmethod
@@ -176,22 +280,24 @@ class AdvantageProcessor:
         return GroupView(segments, entropy, has_tokens, seq_entropy, lengths)
 
     @staticmethod
-    def _metrics(rewards: Tensor, raw: Tensor, adv: Tensor, low: Tensor, high: Tensor,
-                 groups: GroupView, batch: RolloutBatch) -> dict[str, float]:
+    def _metrics(rewards: Tensor, raw: Tensor, shaping: Shaping, groups: GroupView,
+                 batch: RolloutBatch) -> dict[str, float]:
         """Batch-level and per-domain metrics, gathered with one host transfer."""
         metrics: dict[str, float] = {}
+        adv = shaping.advantages
+        flags = torch.stack([shaping.damped_positive, shaping.damped_negative,
+                             shaping.removed], 1).to(torch.float64)
         ent = groups.entropy[groups.has_tokens]
         num_ent = max(ent.numel(), 1)  # no groups with tokens -> NaN statistics below
         ent_mean = ent.sum() / num_ent if ent.numel() else ent.new_tensor(math.nan)
         ent_std = ((ent - ent_mean)**2).sum().div(num_ent).sqrt()
         zero = (adv == 0).double()  # responses that carry no gradient signal
         totals = torch.stack([
-            adv.mean(), adv.std(correction=0), adv.abs().mean(), low.double().mean(),
-            high.double().mean(), rewards.mean(), ent_mean, ent_std, ent.new_tensor(ent.numel()),
-            zero.mean()
+            adv.mean(), adv.std(correction=0), adv.abs().mean(), *flags.mean(0), rewards.mean(),
+            ent_mean, ent_std, ent.new_tensor(ent.numel()), zero.mean()
         ]).tolist()
-        keys = ('adv/mean', 'adv/std', 'adv/abs_mean', 'shaping/frac_low', 'shaping/frac_high',
-                'reward/mean', 'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens',
+        keys = ('adv/mean', 'adv/std', 'adv/abs_mean', *SHAPING_KEYS, 'reward/mean',
+                'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens',
                 'adv/frac_zero')
         metrics.update(zip(keys, totals))
         if batch.domain_ids is None:
@@ -207,20 +313,99 @@ class AdvantageProcessor:
         _, _, skew_raw, _ = moments(raw, dom, d)
         _, _, skew, _ = moments(adv, dom, d)
         ng, ent_mean, _, _ = moments(groups.entropy[ent_ok], group_dom[ent_ok], d)
-        counts = torch.stack([low, high], 1).to(torch.float64)
-        per_dom = rewards.new_zeros(d, 2).index_add_(0, dom, counts)
+        per_dom = rewards.new_zeros(d, 3).index_add_(0, dom, flags) / n.clamp_min(1)[:, None]
         len_sum = rewards.new_zeros(d).index_add_(0, dom, groups.lengths)
         zero_sum = rewards.new_zeros(d).index_add_(0, dom, zero)
         table = torch.stack([
-            n, r_mean, skew_raw, skew, ng, ent_mean, per_dom[:, 0] / n.clamp_min(1),
-            per_dom[:, 1] / n.clamp_min(1), len_sum / n.clamp_min(1), zero_sum / n.clamp_min(1)
+            n, r_mean, skew_raw, skew, ng, ent_mean, *per_dom.T, len_sum / n.clamp_min(1),
+            zero_sum / n.clamp_min(1)
         ], 1).tolist()
         keys = ('count/responses', 'reward/mean', 'adv/skew_raw', 'adv/skew', 'count/groups',
-                'entropy/group', 'shaping/frac_low', 'shaping/frac_high', 'response/length',
-                'adv/frac_zero')
+                'entropy/group', *SHAPING_KEYS, 'response/length', 'adv/frac_zero')
         for name, row in zip(names, table):
             if row[0] == 0:
                 continue
             for key, value in zip(keys, row):
                 metrics[f'{key}/{name}'] = value
         return metrics
+
+
+class AdvantageEstimator(AdvantageProcessor):
+    """An advantage estimator: implements :meth:`estimate`, does not shape.
+
+    Adding one (``A_i = r_i - min_g(r)``, say)::
+
+        @ADVANTAGES.register_module()
+        class MinBaselineAdvantage(AdvantageEstimator):
+            min_group_size = 2
+
+            def estimate(self, rewards, segments):
+                return rewards - segments.broadcast(segments.amin(rewards))
+
+    Every shaper can then wrap it: ``dict(type='GEPOAdvantage',
+    base=dict(type='MinBaselineAdvantage'))``.
+    """
+
+
+class AdvantageShaper(AdvantageProcessor):
+    """Shapes the advantages of any :class:`AdvantageEstimator` (``base``).
+
+    The paper's claim that GEPO "can be directly incorporated into existing
+    group-based policy optimization methods" is this composition: the estimator
+    decides the advantages, the shaper rescales or removes them.
+
+    Args:
+        base: the estimator, a config (``dict(type='RLOOAdvantage')``) or an
+            instance; None: :class:`~gepo_xtuner.advantage.grpo.GRPOAdvantage`
+            with ``default_eps``.
+        default_eps: GRPO's std guard when ``base`` is None.
+
+    Raises:
+        TypeError: ``base`` is a shaper, or not an advantage processor.
+    """
+
+    def __init__(self, base: dict | AdvantageEstimator | None = None,
+                 default_eps: float = 1e-8) -> None:
+        from ..registry import ADVANTAGES  # registry -> this package at lookup time
+        if base is None:
+            base = dict(type='GRPOAdvantage', eps=default_eps)
+        estimator = ADVANTAGES.build(base) if isinstance(base, dict) else base
+        if not isinstance(estimator, AdvantageEstimator):
+            raise TypeError(
+                f'{type(self).__name__}(base=...) needs an advantage estimator '
+                "(dict(type='GRPOAdvantage'), 'RLOOAdvantage', 'DrGRPOAdvantage' or your own "
+                f'AdvantageEstimator), got {type(estimator).__name__}')
+        self.base = estimator
+        self.min_group_size = estimator.min_group_size
+
+    #: The class of this shaper's state (None: stateless); every call checks it.
+    state_type: type | None = None
+    #: What the shaper measures from the batch's logprobs ('' if it needs none).
+    measures: str = ''
+
+    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
+        name = type(self).__name__
+        if self.state_type is not None and not isinstance(state, self.state_type):
+            raise TypeError(f'{name} is stateful: create the state once with `state = '
+                            'processor.init_state()` and pass it to every call, got '
+                            f'{type(state).__name__}')
+        if self.measures and batch.logprobs is None:
+            raise ValueError(f'{name} needs the response logprobs and mask in the batch to '
+                             f'measure {self.measures}')
+        return super().__call__(batch, state)
+
+    def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
+        """The base estimator's advantages."""
+        return self.base.estimate(rewards, segments)
+
+    @abc.abstractmethod
+    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+              state: Any) -> Shaping:
+        """Shapes the base estimator's ``(N,)`` float64 advantages.
+
+        Args:
+            advantages: ``(N,)`` float64, :meth:`estimate`'s output.
+            groups: group entropies and lengths of the batch.
+            batch: the step's responses.
+            state: this shaper's :meth:`init_state` object.
+        """

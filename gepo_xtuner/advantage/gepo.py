@@ -10,9 +10,8 @@ from torch import Tensor
 
 from ..ops.distributed import all_reduce_sum
 from ..registry import ADVANTAGES
-from .base import GroupView
+from .base import AdvantageEstimator, AdvantageShaper, EntropyBand, GroupView, Shaping
 from .batch import RolloutBatch
-from .grpo import GRPOAdvantage
 
 
 def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -21,6 +20,13 @@ def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False)
         bracket = '(' if lo_open else '['
         raise ValueError(f'{name} must be in {bracket}{lo}, {hi}], got {value}')
     return float(value)
+
+
+def _check_eps_with_base(name: str, eps: float, base: Any) -> None:
+    """``eps`` belongs to the default GRPO base; with an explicit base it goes there."""
+    if base is not None and eps != 1e-8:
+        raise ValueError(f'{name}: eps={eps} configures the default GRPO base; with base= set '
+                         "it there instead, e.g. base=dict(type='GRPOAdvantage', eps=...)")
 
 
 @dataclass
@@ -111,10 +117,11 @@ def global_group_entropy_stats(entropy: Tensor, valid: Tensor) -> tuple[float, f
 
 
 @ADVANTAGES.register_module()
-class GEPOAdvantage(GRPOAdvantage):
+class GEPOAdvantage(AdvantageShaper):
     """Group Entropy-Controlled Policy Optimization advantage shaping.
 
-    Starts from GRPO's advantages A_i and the per-token group entropy
+    Starts from the base estimator's advantages A_i (GRPO unless ``base`` says
+    otherwise) and the per-token group entropy
     ``H_g = sum_i sum_t (-lp_it) / sum_i T_i`` (from logprobs the step already
     has), then, with the adaptive band ``[H_low(t), H_high(t)]`` of
     :class:`EntropyThresholdState`:
@@ -137,14 +144,19 @@ class GEPOAdvantage(GRPOAdvantage):
         beta_low: lower margin in batch stds, >= 0. Paper: 0.2.
         beta_high: upper margin in batch stds, >= 0. Paper: 0.3.
         gamma: EMA rate of the band, in (0, 1]. Paper: 0.01.
-        eps: GRPO's std guard. Default 1e-8.
+        eps: the std guard of the default GRPO base. Default 1e-8.
+        base: the estimator to shape, e.g. ``dict(type='RLOOAdvantage')``; None:
+            ``GRPOAdvantage(eps=eps)``, the paper's setting.
 
     Requires a state from :meth:`init_state` and logprobs in the batch.
     """
 
     def __init__(self, alpha_low: float = 0.5, alpha_high: float = 0.2, beta_low: float = 0.2,
-                 beta_high: float = 0.3, gamma: float = 0.01, eps: float = 1e-8) -> None:
-        super().__init__(eps=eps)
+                 beta_high: float = 0.3, gamma: float = 0.01, eps: float = 1e-8,
+                 base: dict | AdvantageEstimator | None = None) -> None:
+        _check_eps_with_base(type(self).__name__, eps, base)
+        super().__init__(base, default_eps=eps)
+        self.eps = float(eps)
         self.alpha_low = _check('alpha_low', alpha_low, 0.0, 1.0)
         self.alpha_high = _check('alpha_high', alpha_high, 0.0, 1.0)
         self.beta_low = _check('beta_low', beta_low, 0.0, math.inf)
@@ -154,16 +166,12 @@ class GEPOAdvantage(GRPOAdvantage):
     def init_state(self) -> EntropyThresholdState:
         return EntropyThresholdState(self.beta_low, self.beta_high, self.gamma)
 
-    def _shape(self, adv: Tensor, groups: GroupView, batch: RolloutBatch,
-               state: EntropyThresholdState | None
-               ) -> tuple[Tensor, Tensor, Tensor, dict[str, float]]:
-        if not isinstance(state, EntropyThresholdState):
-            raise TypeError('GEPOAdvantage is stateful: create the state once with '
-                            '`state = processor.init_state()` and pass it to every call, '
-                            f'got {type(state).__name__}')
-        if batch.logprobs is None:
-            raise ValueError('GEPOAdvantage needs the response logprobs and mask in the batch '
-                             'to measure group entropy')
+    state_type = EntropyThresholdState
+    measures = 'group entropy'
+
+    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+              state: EntropyThresholdState) -> Shaping:
+        adv = advantages
         mu, sigma, count = global_group_entropy_stats(groups.entropy, groups.has_tokens)
         if count == 0:  # nothing to measure anywhere: leave the band untouched
             h_low, h_high = state.h_low, state.h_high
@@ -176,12 +184,14 @@ class GEPOAdvantage(GRPOAdvantage):
             adv = torch.where(low, adv * self.alpha_low, torch.where(high, adv * self.alpha_high,
                                                                       adv))
         nan = math.nan
+        band = EntropyBand(nan if h_low is None else h_low, nan if h_high is None else h_high,
+                           mu, sigma, count)
         metrics = {
-            'gepo/h_low': nan if h_low is None else h_low,
-            'gepo/h_high': nan if h_high is None else h_high,
+            'gepo/h_low': band.low,
+            'gepo/h_high': band.high,
             'gepo/mu': mu,
             'gepo/sigma': sigma,
             'gepo/num_groups': float(count),
             'gepo/num_updates': float(state.num_updates),
         }
-        return adv, low, high, metrics
+        return Shaping(adv, low, high, torch.zeros_like(low), band, metrics)

@@ -5,7 +5,7 @@ from torch import Tensor
 
 from ..ops.segment import Segments
 from ..registry import ADVANTAGES
-from .base import AdvantageProcessor
+from .base import AdvantageEstimator
 
 
 def _check_eps(eps: float) -> float:
@@ -15,7 +15,7 @@ def _check_eps(eps: float) -> float:
 
 
 @ADVANTAGES.register_module()
-class GRPOAdvantage(AdvantageProcessor):
+class GRPOAdvantage(AdvantageEstimator):
     """GRPO's group-normalised advantage (Shao et al., 2024, arXiv 2402.03300).
 
     For group g with K responses and rewards r_1..r_K:
@@ -35,7 +35,7 @@ class GRPOAdvantage(AdvantageProcessor):
     def __init__(self, eps: float = 1e-8) -> None:
         self.eps = _check_eps(eps)
 
-    def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
+    def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
         mean = segments.mean(rewards)
         centered = rewards - segments.broadcast(mean)
         k = segments.counts.to(rewards.dtype)
@@ -47,7 +47,7 @@ class GRPOAdvantage(AdvantageProcessor):
 
 
 @ADVANTAGES.register_module()
-class DrGRPOAdvantage(AdvantageProcessor):
+class DrGRPOAdvantage(AdvantageEstimator):
     """Dr.GRPO's advantage: GRPO without the std division (Liu et al., 2025, arXiv 2503.20783).
 
         A_i = r_i - mean_g(r)
@@ -60,14 +60,14 @@ class DrGRPOAdvantage(AdvantageProcessor):
 
     min_group_size = 2
 
-    def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
+    def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
         adv = rewards - segments.broadcast(segments.mean(rewards))
         no_signal = segments.amax(rewards) == segments.amin(rewards)
         return torch.where(segments.broadcast(no_signal), 0.0, adv)
 
 
 @ADVANTAGES.register_module()
-class RLOOAdvantage(AdvantageProcessor):
+class RLOOAdvantage(AdvantageEstimator):
     """REINFORCE leave-one-out (Ahmadian et al., 2024, arXiv 2402.14740).
 
     Each response's baseline is the mean reward of the other K - 1 responses:
@@ -79,7 +79,7 @@ class RLOOAdvantage(AdvantageProcessor):
 
     min_group_size = 2
 
-    def _advantages(self, rewards: Tensor, segments: Segments) -> Tensor:
+    def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
         k = segments.counts.to(rewards.dtype)
         loo_mean = (segments.broadcast(segments.sum(rewards)) - rewards) / segments.broadcast(
             (k - 1).clamp_min(1))

@@ -2,10 +2,7 @@
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # no pyplot: no backend is selected, files only
 
 
 def _series(history: list[dict], prefix: str, suffix: str = '') -> dict[str, tuple[list, list]]:
@@ -33,7 +30,8 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     panels = [('entropy/group/', '', 'group entropy $\\mathcal{H}_g$'),
               ('val/', '/acc', 'validation accuracy (mean reward)'),
               ('entropy/policy/', '', 'policy token entropy')]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
     for ax, (prefix, suffix, label) in zip(axes, panels):
         series = _series(history, prefix, suffix)
         for name, (xs, ys) in sorted(series.items()):
@@ -47,5 +45,4 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

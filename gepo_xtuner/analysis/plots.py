@@ -2,11 +2,8 @@
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use('Agg')  # files only; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: no backend is selected, files only
 
 
 def _violin(ax, data: dict[str, np.ndarray], ylabel: str) -> None:
@@ -30,12 +27,12 @@ def _violin(ax, data: dict[str, np.ndarray], ylabel: str) -> None:
 
 def plot_group_entropy(per_domain: dict[str, np.ndarray], path: Path, title: str) -> Path:
     """Figure 2a: distribution of per-prompt group entropy by domain (means annotated)."""
-    fig, ax = plt.subplots(figsize=(1.6 * max(3, len(per_domain)) + 1, 4))
+    fig = Figure(figsize=(1.6 * max(3, len(per_domain)) + 1, 4))
+    ax = fig.subplots()
     _violin(ax, per_domain, 'group entropy $\\mathcal{H}_g$ (nats / token)')
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -43,7 +40,8 @@ def plot_advantages(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
                     title: str) -> Path:
     """Figure 2b: advantage histograms per domain, before (GRPO) and after shaping."""
     names = list(before)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.2), squeeze=False)
+    fig = Figure(figsize=(3.2 * len(names), 3.2))
+    axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         b, a = before[name], after[name]
         lo, hi = (min(b.min(), a.min()), max(b.max(), a.max())) if len(b) else (-1, 1)
@@ -59,7 +57,6 @@ def plot_advantages(before: dict[str, np.ndarray], after: dict[str, np.ndarray],
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -69,7 +66,8 @@ def plot_thresholds(thresholds: list[dict], path: Path) -> Path:
     nan = float('nan')
     col = lambda k: np.array([nan if t[k] is None else t[k] for t in thresholds])  # noqa: E731
     mu, sigma = col('mu'), col('sigma')
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     ax.plot(steps, mu, label='batch mean $\\mu$', color='k')
     ax.fill_between(steps, mu - sigma, mu + sigma, alpha=0.15, color='k', label='$\\pm\\sigma$')
     if any(t['h_low'] is not None for t in thresholds):
@@ -81,5 +79,4 @@ def plot_thresholds(thresholds: list[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

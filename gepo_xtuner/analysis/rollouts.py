@@ -179,13 +179,15 @@ def analyze_rollouts(table: RolloutTable, processor: AdvantageProcessor) -> Anal
         result.group_entropy[rows] = out.group_entropy.numpy()
         result.shaped_low[rows] = out.shaped_low.numpy()
         result.shaped_high[rows] = out.shaped_high.numpy()
-        m = out.metrics
-        gepo = 'gepo/mu' in m  # GEPO's own (global) statistics, else the batch's
-        result.thresholds.append(dict(
-            step=step, h_low=m.get('gepo/h_low'), h_high=m.get('gepo/h_high'),
-            mu=m['gepo/mu' if gepo else 'entropy/group_mean'],
-            sigma=m['gepo/sigma' if gepo else 'entropy/group_std'],
-            num_groups=int(m['gepo/num_groups' if gepo else 'count/groups_with_tokens'])))
+        band, m = out.band, out.metrics
+        if band is not None:  # an entropy-band shaper: the band it used and its statistics
+            result.thresholds.append(dict(step=step, h_low=band.low, h_high=band.high,
+                                          mu=band.mu, sigma=band.sigma,
+                                          num_groups=band.num_groups))
+        else:  # no band: the batch's group-entropy statistics
+            result.thresholds.append(dict(
+                step=step, h_low=None, h_high=None, mu=m['entropy/group_mean'],
+                sigma=m['entropy/group_std'], num_groups=int(m['count/groups_with_tokens'])))
     return result
 
 

@@ -8,8 +8,6 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..analysis.curves import plot_training_curves
-
 
 @HOOKS.register_module()
 class TrainingCurvesHook(Hook):
@@ -29,6 +27,8 @@ class TrainingCurvesHook(Hook):
         history = getattr(runner.train_loop, 'history', None)
         if not history:
             return
+        from ..analysis.curves import plot_training_curves  # matplotlib only when drawing
+
         work_dir = Path(runner.work_dir)
         figure = plot_training_curves(history, work_dir / 'training_curves.png',
                                       title=Path(runner.cfg.filename or 'run').stem)

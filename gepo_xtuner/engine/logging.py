@@ -5,8 +5,8 @@ from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
 SUMMARY = ('reward/mean', 'val/acc', 'adv/frac_zero', 'entropy/group_mean', 'entropy/policy',
-           'gepo/h_low', 'gepo/h_high', 'shaping/frac_low', 'shaping/frac_high', 'loss/pg',
-           'loss/clipfrac', 'loss/approx_kl', 'optim/grad_norm', 'perf/gen_tokens_per_sec',
+           'gepo/h_low', 'gepo/h_high', 'shaping/frac_damped_pos', 'shaping/frac_damped_neg',
+           'shaping/frac_removed', 'loss/pg', 'loss/clipfrac', 'loss/approx_kl', 'optim/grad_norm', 'perf/gen_tokens_per_sec',
            'time/step')
 #: What mmengine's own hooks record at every iteration (kept in every step's scalars).
 PER_ITER_KEYS = ('lr', 'time', 'data_time', 'grad_norm')

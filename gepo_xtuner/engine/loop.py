@@ -20,11 +20,12 @@ from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
+from .geometry import StepGeometry, check_group_size
 from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
                        minibatches)
-from .loop_state_hook import RLLoopStateHook
+from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
 from .optim_step import check_accumulation, optimizer_step
-from .requests import encode_request, prompt_token_ids
+from .requests import encode_request
 from .validation import Validator
 
 
@@ -39,12 +40,21 @@ class RLTrainLoop(BaseLoop):
     3. score them with the domain's reward function;
     4. compute old-policy logprobs (one no-grad forward; they give the importance
        ratio's denominator AND the group entropy, so GEPO costs no extra pass);
-    5. advantages from the configured processor (its state, e.g. GEPO's
-       thresholds, is owned and checkpointed by :class:`GEPOThresholdHook`);
+    5. advantages from the configured processor (an estimator such as GRPO, or a
+       shaper such as GEPO around one; a shaper's state, e.g. GEPO's thresholds,
+       belongs to the loop);
     6. ``ppo_epochs`` passes over the B*K responses in shuffled minibatches of
        ``minibatch_size``: one optimizer step each (:func:`optimizer_step`), with
        the gradients of the minibatch's micro-batches accumulated explicitly;
     7. hand the new weights to the rollout backend.
+
+    Run state: the loop is the one owner of everything that changes during
+    training (the processor's state, the RNG states, the metric history, the
+    policy loss's generators, the rollout backend's counters), exposed as
+    :meth:`state_dict` / :meth:`load_state_dict`. It registers
+    :class:`~gepo_xtuner.engine.loop_state_hook.RLLoopStateHook`, which stores that
+    dict in every checkpoint under ``'gepo_xtuner/rl_loop'`` and hands it back on
+    ``--resume``; configs list no hook for it.
 
     Loss normalisation: every micro-batch's loss is divided by the minibatch's
     token (or response) count over ALL ranks (one all-reduce per minibatch) and
@@ -96,6 +106,9 @@ class RLTrainLoop(BaseLoop):
             step's metrics (so checkpoints carry it too).
         reward_route_by: the record field that picks the reward function,
             ``'domain'`` (default) or ``'data_source'``.
+        prompts_per_step, minibatch_responses: the intended prompts per RL step and
+            responses per optimizer step over ALL ranks; when set, a world size that
+            does not split them evenly is refused (:class:`StepGeometry`).
     """
 
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
@@ -104,6 +117,7 @@ class RLTrainLoop(BaseLoop):
                  max_tokens_per_micro_batch: int | None = None,
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
+                 prompts_per_step: int | None = None, minibatch_responses: int | None = None,
                  micro_batch_size: Any = None, logprob_batch_size: Any = None) -> None:
         super().__init__(runner, dataloader)
         if micro_batch_size is not None or logprob_batch_size is not None:
@@ -133,23 +147,17 @@ class RLTrainLoop(BaseLoop):
         self.ppo_epochs = ppo_epochs
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
-        if num_responses < self.advantage.min_group_size:
-            raise ValueError(
-                f'train_cfg.num_responses is {num_responses}, but {type(self.advantage).__name__} '
-                f'compares each response with the others of its group: with fewer than '
-                f'{self.advantage.min_group_size} every advantage is 0 and nothing is learned; '
-                'set num_responses >= 2 (the paper uses 16)')
-        responses = getattr(self.dataloader, 'batch_size', None)
-        if isinstance(responses, int) and minibatch_size > responses * num_responses:
-            print_log(f'train_cfg.minibatch_size ({minibatch_size}) is larger than the '
-                      f'{responses} x {num_responses} = {responses * num_responses} responses '
-                      'of an RL step on this rank: every step takes ONE optimizer step over '
-                      'all of them; lower minibatch_size for several', logger='current',
-                      level=logging.WARNING)
+        check_group_size(self.advantage, num_responses)
+        prompts = getattr(self.dataloader, 'batch_size', None)
+        if isinstance(prompts, int):  # None with a custom batch sampler: sizes vary
+            geometry = StepGeometry(prompts, num_responses, minibatch_size, ppo_epochs,
+                                    dist_world_size(), prompts_per_step, minibatch_responses)
+            for warning in geometry.warnings():
+                print_log(warning, logger='current', level=logging.WARNING)
         self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
         self._no_signal_steps = 0
         self.step_metrics: dict[str, float] = {}  # what the current step logged
-        self.advantage_state: Any = None  # handed over by GEPOThresholdHook
+        self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
@@ -157,26 +165,23 @@ class RLTrainLoop(BaseLoop):
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
+        # every record must be scorable by its reward: a bad file fails now, not at step 1
+        records = getattr(getattr(self.dataloader, 'dataset', None), 'records', None)
+        if isinstance(records, list):
+            self.rewards.check_records(records, 'train_dataloader.dataset')
+        for vs in (self.validator.sets if self.validator else ()):
+            self.rewards.check_records(vs.records, f'train_cfg.val {vs.name or "path"}')
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
+        self._resume_rng: dict[str, Any] | None = None  # set by load_state_dict
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
-    @property
-    def max_epochs(self) -> int:
-        return self._max_epochs
-
-    @property
-    def max_iters(self) -> int:
-        return self._max_iters
-
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def iter(self) -> int:
-        return self._iter
+    # what mmengine's runner and hooks read of a loop
+    max_epochs = property(lambda self: self._max_epochs)
+    max_iters = property(lambda self: self._max_iters)
+    epoch = property(lambda self: self._epoch)
+    iter = property(lambda self: self._iter)
 
     @property
     def policy(self):
@@ -194,16 +199,16 @@ class RLTrainLoop(BaseLoop):
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
         check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
-        if self.advantage.init_state() is not None and self.advantage_state is None:
-            raise RuntimeError(f'{type(self.advantage).__name__} keeps state across steps; add '
-                               "dict(type='GEPOThresholdHook') to custom_hooks so that it is "
-                               'owned and checkpointed')
+        print_log(f'advantage: {self.advantage!r}; policy loss: {policy.policy_loss!r}',
+                  logger='current')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
-        RLLoopStateHook.restore_rng(self)
+        if self._resume_rng is not None:  # ... then continue the saved random streams
+            restore_rng(self._resume_rng)
+            self._resume_rng = None
         if self.validator is not None and self._iter == 0:  # the starting point
             with isolated_rng(self.runner.seed, 0):
-                metrics = self.validator.run(self)
+                metrics = self._validate()
             self.runner.visualizer.add_scalars(metrics, step=0)
             self.history.append(dict(step=0.0, **metrics))
             self._log_validation(0, metrics)
@@ -225,12 +230,59 @@ class RLTrainLoop(BaseLoop):
         return [encode_request(r, policy.tokenizer, processor, self.prompt_template)
                 for r in records]
 
-    def _tokenize(self, records: list[dict]) -> list[list[int]]:
-        """Prompt token ids as servers take them (one placeholder token per image)."""
-        policy = self.policy
-        processor = getattr(policy, 'processor', None)
-        return [prompt_token_ids(r, policy.tokenizer, processor, self.prompt_template)
-                for r in records]
+    # -- run state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of the run that changes during training, as of the end of this step.
+
+        Returns:
+            ``rng`` (torch/CUDA, NumPy, Python states: sampling, minibatch shuffles and
+            Clip-Cov's unseeded token choice draw from them), ``history`` (per-step
+            metrics, for the training-curve figure), ``advantage``
+            (``dict(processor=<class name>, state=...)``, stateful processors only),
+            ``policy_loss`` (e.g. Clip-Cov's seeded generators) and ``rollout`` (the
+            backend's counters). The data position needs no entry: on resume the
+            loop skips the prompts of the completed steps, which mmengine's samplers
+            replay deterministically.
+        """
+        state: dict[str, Any] = dict(rng=capture_rng(), history=list(self.history),
+                                     policy_loss=self.policy.policy_loss.state_dict(),
+                                     rollout=self.rollout.state_dict())
+        if self.advantage_state is not None:
+            state['advantage'] = dict(processor=type(self.advantage).__name__,
+                                      state=self.advantage_state.state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from :meth:`state_dict`'s output (the RNG states apply once the used
+        prompts are skipped, at the start of :meth:`run`).
+
+        A missing entry, or processor state of another processor class, leaves that
+        part fresh and says so in the log.
+        """
+        self.history = list(state.get('history', []))
+        self._resume_rng = state.get('rng')
+        if 'policy_loss' in state:
+            self.policy.policy_loss.load_state_dict(state['policy_loss'])
+        if 'rollout' in state:
+            self.rollout.load_state_dict(state['rollout'])
+        if self.advantage_state is None:
+            return
+        current = type(self.advantage).__name__
+        saved = state.get('advantage')
+        if saved is None:
+            print_log(f'checkpoint has no advantage state for {current}; its state (e.g. '
+                      "GEPO's entropy band) starts fresh", logger='current', level=logging.WARNING)
+        elif saved['processor'] != current:
+            print_log(f'checkpoint holds {saved["processor"]} state but this run uses '
+                      f'{current}; the advantage state starts fresh', logger='current',
+                      level=logging.WARNING)
+        else:
+            self.advantage_state.load_state_dict(saved['state'])
+            print_log(f'restored {current} state: {saved["state"]}', logger='current')
+
+    def _validate(self) -> dict[str, float]:
+        return self.validator.run(self.rollout, self.rewards, self.policy.tokenizer,
+                                  self.encode_requests, self.sampling)
 
     def run_iter(self, records: list[dict]) -> None:
         """One RL step on this rank's ``records`` (B prompt records)."""
@@ -280,7 +332,7 @@ class RLTrainLoop(BaseLoop):
                                            or step == self._max_iters):
             t = time.perf_counter()
             with isolated_rng(self.runner.seed, step):  # training's RNG stream is untouched
-                val = self.validator.run(self)
+                val = self._validate()
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
             self._log_validation(step, val)

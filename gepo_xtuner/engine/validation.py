@@ -1,6 +1,6 @@
 """Validation during training: held-out files scored every few steps, across ranks."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -8,7 +8,8 @@ import torch
 
 from ..data.records import load_records
 from ..ops.distributed import all_reduce_sum, dist_rank, dist_world_size
-from ..rollout import SamplingParams
+from ..reward import RewardRouter
+from ..rollout import RolloutBackend, RolloutRequest, SamplingParams
 from .scoring import sample_and_score
 
 #: Keys of one ``benchmarks`` entry.
@@ -111,6 +112,23 @@ class Validator:
                 self.groups.append(group)
 
     def _bench(self, i: int, bench: Any, defaults: dict[str, Any]) -> ValSet:
+        name, path, options, required = self.check_benchmark(i, bench, defaults)
+        return self._build(name, path, options, f'val.benchmarks[{i}] ({name})',
+                           required=required)
+
+    @staticmethod
+    def check_benchmark(i: int, bench: Any, defaults: dict[str, Any] | None = None
+                        ) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
+        """Checks one ``benchmarks`` entry without reading its file.
+
+        Returns:
+            ``(name, path, sampling options over defaults, required fields)``.
+
+        Raises:
+            ValueError: naming the entry and the key to change.
+        """
+        defaults = defaults or dict(n=1, temperature=0.0, top_p=1.0, top_k=0,
+                                    max_new_tokens=None)
         where = f'val.benchmarks[{i}]'
         if not isinstance(bench, dict):
             raise ValueError(f'{where} must be dict(name=..., path=...), got {bench!r}')
@@ -124,8 +142,7 @@ class Validator:
         if not isinstance(path, str) or not path:
             raise ValueError(f'{where}.path must be a data file, got {path!r}')
         options = {**defaults, **{k: v for k, v in bench.items() if k in defaults}}
-        return self._build(name, path, options, f'{where} ({name})',
-                           required=tuple(bench.get('required') or ()))
+        return name, path, options, tuple(bench.get('required') or ())
 
     @staticmethod
     def _build(name: str | None, path: str, options: dict[str, Any], where: str,
@@ -136,11 +153,19 @@ class Validator:
             raise ValueError(f'{where}: {exc}') from None
         return ValSet(name, load_records(path, required=required), **options)
 
-    def run(self, loop: Any) -> dict[str, float]:
-        """Samples and scores every file with ``loop``'s rollout backend and rewards.
+    def run(self, rollout: RolloutBackend, rewards: RewardRouter, tokenizer: Any,
+            encode_requests: Callable[[list[dict]], list[RolloutRequest]],
+            sampling: SamplingParams) -> dict[str, float]:
+        """Samples and scores every file on every rank.
 
-        Uses ``loop.rollout``, ``loop.policy.tokenizer``, ``loop.rewards``,
-        ``loop.encode_requests`` and ``loop.sampling`` (its length cap and stop tokens).
+        Args:
+            rollout: the training run's backend (called once per file, also with no
+                records: its ``generate`` may be collective).
+            rewards: the run's per-domain rewards.
+            tokenizer: decodes the responses.
+            encode_requests: records -> rollout requests (the run's prompt encoding).
+            sampling: the training sampling (its length cap and stop tokens are the
+                defaults here).
 
         Returns:
             ``val/<group>/acc`` for each domain (single-file form) or benchmark, and
@@ -153,10 +178,10 @@ class Validator:
             records = vs.records[rank::world]
             params = SamplingParams(
                 n=vs.n, temperature=vs.temperature, top_p=vs.top_p, top_k=vs.top_k,
-                max_new_tokens=vs.max_new_tokens or loop.sampling.max_new_tokens,
-                stop_token_ids=loop.sampling.stop_token_ids)
-            scored = sample_and_score(loop.rollout, loop.policy.tokenizer, loop.rewards, records,
-                                      loop.encode_requests(records), params)
+                max_new_tokens=vs.max_new_tokens or sampling.max_new_tokens,
+                stop_token_ids=sampling.stop_token_ids)
+            scored = sample_and_score(rollout, tokenizer, rewards, records,
+                                      encode_requests(records), params)
             index = torch.tensor([self.groups.index(vs.group_of(r)) for r in records],
                                  dtype=torch.long)
             per_record = torch.stack([scored.rewards.double().sum(1),

@@ -1,6 +1,7 @@
 """Policy-gradient losses; importing this package registers them in ``POLICY_LOSSES``.
 
-Every loss is a plain callable configured by keyword arguments::
+Every loss subclasses :class:`~gepo_xtuner.loss.base.PolicyLoss` (the contract: a
+per-token surrogate; the base class aggregates and reports)::
 
     loss, metrics = loss_fn(logprobs, old_logprobs, advantages, mask,
                             num_tokens=None, num_seqs=None, norm_length=None)
@@ -10,11 +11,12 @@ of shape ``(N,)`` or ``(N, T)``; ``metrics`` maps ``'area/name'`` to detached 0-
 tensors.
 """
 
-from gepo_xtuner.loss.aggregate import AGG_MODES, aggregate, masked_mean
+from gepo_xtuner.loss.aggregate import AGG_MODES, PolicyInputs, aggregate, masked_mean
+from gepo_xtuner.loss.base import PolicyLoss, TokenLoss
 from gepo_xtuner.loss.cispo import CISPOLoss
 from gepo_xtuner.loss.cov import ClipCovLoss, KLCovLoss
 from gepo_xtuner.loss.kl import kl_k3, reference_kl_loss
 from gepo_xtuner.loss.ppo import PPOClipLoss
 
-__all__ = ['AGG_MODES', 'CISPOLoss', 'ClipCovLoss', 'KLCovLoss', 'PPOClipLoss',
-           'aggregate', 'kl_k3', 'masked_mean', 'reference_kl_loss']
+__all__ = ['AGG_MODES', 'CISPOLoss', 'ClipCovLoss', 'KLCovLoss', 'PPOClipLoss', 'PolicyInputs',
+           'PolicyLoss', 'TokenLoss', 'aggregate', 'kl_k3', 'masked_mean', 'reference_kl_loss']

@@ -2,8 +2,8 @@
 
 from torch import Tensor
 
-from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, flag_fractions,
-                                        prepare_inputs, ratio_metrics)
+from gepo_xtuner.loss.aggregate import PolicyInputs, check_number
+from gepo_xtuner.loss.base import PolicyLoss, TokenLoss
 from gepo_xtuner.registry import POLICY_LOSSES
 
 __all__ = ['CISPOLoss', 'cispo_bounds', 'cispo_per_token']
@@ -35,7 +35,7 @@ def cispo_per_token(logprobs: Tensor, ratio: Tensor, advantages: Tensor, eps_low
 
 
 @POLICY_LOSSES.register_module()
-class CISPOLoss:
+class CISPOLoss(PolicyLoss):
     """CISPO loss (MiniMax-M1, MiniMax 2025, arXiv:2506.13585).
 
     PPO drops the gradient of every token whose ratio leaves the clip range.
@@ -68,12 +68,7 @@ class CISPOLoss:
         agg: Aggregation mode, see :func:`~gepo_xtuner.loss.aggregate.aggregate`.
             Default ``'token-mean'``.
 
-    Call:
-        ``loss(logprobs, old_logprobs, advantages, mask, *, num_tokens=None,
-        num_seqs=None, norm_length=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
-        ``mask`` of shape ``(N, T)`` and ``advantages`` ``(N,)`` or ``(N, T)``;
-        ``old_logprobs`` and ``advantages`` are treated as constants.
-        Metrics (detached 0-dim tensors): ``loss/pg``, ``ratio/mean|max|min``,
+    Call: see :class:`~gepo_xtuner.loss.base.PolicyLoss`. Metrics (detached 0-dim tensors): ``loss/pg``, ``ratio/mean|max|min``,
         ``loss/approx_kl``, ``loss/clipfrac`` (share of valid tokens whose weight
         was clipped), ``loss/clipfrac_low`` (``rho`` below the lower bound),
         ``loss/clipfrac_high`` (``rho`` above the upper bound).
@@ -81,23 +76,12 @@ class CISPOLoss:
 
     def __init__(self, eps_low: float = 1.0, eps_high: float = 4.0,
                  agg: str = 'token-mean') -> None:
+        super().__init__(agg)
         self.eps_low = check_number('eps_low', eps_low, 0.0)
         self.eps_high = check_number('eps_high', eps_high, 0.0)
-        self.agg = check_agg(agg)
 
-    def __repr__(self) -> str:
-        return (f'{type(self).__name__}(eps_low={self.eps_low}, '
-                f'eps_high={self.eps_high}, agg={self.agg!r})')
-
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None, num_seqs=None,
-                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Compute the loss; see the class docstring for shapes and metrics."""
-        inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    def per_token(self, inp: PolicyInputs) -> TokenLoss:
         per_token, low, high = cispo_per_token(inp.logprobs, inp.ratio, inp.advantages,
                                                self.eps_low, self.eps_high)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        metrics = ratio_metrics(inp, loss)
-        metrics.update(flag_fractions(inp, clipfrac=low | high, clipfrac_low=low,
-                                      clipfrac_high=high))
-        return loss, metrics
+        return TokenLoss(per_token, dict(clipfrac=low | high, clipfrac_low=low,
+                                         clipfrac_high=high))

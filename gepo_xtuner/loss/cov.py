@@ -9,9 +9,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gepo_xtuner.loss.aggregate import (PolicyInputs, aggregate, check_agg, check_number,
-                                        flag_fractions,
-                                        masked_mean, prepare_inputs, ratio_metrics)
+from gepo_xtuner.loss.aggregate import PolicyInputs, check_number, masked_mean
+from gepo_xtuner.loss.base import PolicyLoss, TokenLoss
 from gepo_xtuner.loss.cispo import cispo_per_token
 from gepo_xtuner.loss.ppo import ppo_clip_per_token
 from gepo_xtuner.registry import POLICY_LOSSES
@@ -41,21 +40,17 @@ def _ranks(keys: Tensor, descending: bool) -> Tensor:
     return ranks.view_as(keys)
 
 
-class _CovLossBase:
+class _CovLossBase(PolicyLoss):
     """Shared configuration and base surrogate; subclasses define ``_ratio_base``."""
 
     def __init__(self, importance: str, eps_low: float, eps_high: float, agg: str) -> None:
+        super().__init__(agg)
         if importance not in _IMPORTANCE:
             raise ValueError(f'importance must be one of {list(_IMPORTANCE)}, '
                              f'got {importance!r}')
         self.importance = importance
         self.eps_low = check_number('eps_low', eps_low, 0.0)
         self.eps_high = check_number('eps_high', eps_high, 0.0)
-        self.agg = check_agg(agg)
-
-    def __repr__(self) -> str:
-        args = ', '.join(f'{k}={v!r}' for k, v in vars(self).items() if k[0] != '_')
-        return f'{type(self).__name__}({args})'
 
     def _base(self, inp: PolicyInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(per_token, clipped, clipped_low, clipped_high)`` of the base surrogate."""
@@ -66,19 +61,17 @@ class _CovLossBase:
         return self._ratio_base(inp)
 
     @staticmethod
-    def _metrics(inp: PolicyInputs, loss: Tensor, flags: tuple[Tensor, ...],
-                 selected: Tensor, cov: Tensor) -> dict[str, Tensor]:
-        metrics = ratio_metrics(inp, loss)
+    def _token_loss(inp: PolicyInputs, per_token: Tensor, flags: tuple[Tensor, ...],
+                    selected: Tensor, cov: Tensor) -> TokenLoss:
         clipped, low, high = flags
-        metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
-                                      clipfrac_high=high))
         dtype = inp.ratio.dtype
         n_sel = selected.sum().to(dtype)
-        metrics['loss/cov_tokens'] = n_sel
-        metrics['loss/cov_frac'] = n_sel / inp.mask.sum().to(dtype).clamp(min=1)
-        # 0 exactly when the centring set is degenerate (e.g. one response: A - mean A = 0)
-        metrics['loss/cov_abs_mean'] = masked_mean(cov.abs(), inp.mask).detach()
-        return metrics
+        metrics = {'loss/cov_tokens': n_sel,
+                   'loss/cov_frac': n_sel / inp.mask.sum().to(dtype).clamp(min=1),
+                   # 0 exactly when the centring set is degenerate (one response: A - mean A = 0)
+                   'loss/cov_abs_mean': masked_mean(cov.abs(), inp.mask).detach()}
+        return TokenLoss(per_token, dict(clipfrac=clipped, clipfrac_low=low, clipfrac_high=high),
+                         metrics)
 
 
 @POLICY_LOSSES.register_module()
@@ -174,11 +167,7 @@ class ClipCovLoss(_CovLossBase):
             gen = self._generators[key]
         return torch.rand(like.shape, device=like.device, generator=gen)
 
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None, num_seqs=None,
-                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Compute the loss; see the class docstring for shapes and metrics."""
-        inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    def per_token(self, inp: PolicyInputs) -> TokenLoss:
         base, clipped, low, high = self._base(inp)
         cov = token_covariance(inp)
         cand = inp.mask & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
@@ -191,8 +180,7 @@ class ClipCovLoss(_CovLossBase):
         keys = torch.where(cand, self._uniform(cov), torch.full_like(cov, 2.0))
         selected = cand & (_ranks(keys, descending=False) < n)
         per_token = torch.where(selected, torch.zeros_like(base), base)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        return loss, self._metrics(inp, loss, (clipped, low, high), selected, cov)
+        return self._token_loss(inp, per_token, (clipped, low, high), selected, cov)
 
 
 @POLICY_LOSSES.register_module()
@@ -247,11 +235,7 @@ class KLCovLoss(_CovLossBase):
         none = torch.zeros_like(inp.mask)
         return -inp.advantages * inp.ratio, none, none, none
 
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None, num_seqs=None,
-                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Compute the loss; see the class docstring for shapes and metrics."""
-        inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    def per_token(self, inp: PolicyInputs) -> TokenLoss:
         base, clipped, low, high = self._base(inp)
         cov = token_covariance(inp)
         n_valid = inp.mask.sum().to(cov.dtype)
@@ -260,7 +244,6 @@ class KLCovLoss(_CovLossBase):
         selected = inp.mask & (_ranks(keys, descending=True) < k)
         penalty = self.ppo_kl_coef * (inp.logprobs - inp.old_logprobs).abs()
         per_token = base + torch.where(selected, penalty, torch.zeros_like(penalty))
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        metrics = self._metrics(inp, loss, (clipped, low, high), selected, cov)
-        metrics['loss/kl_cov_penalty'] = masked_mean(penalty.detach(), selected)
-        return loss, metrics
+        out = self._token_loss(inp, per_token, (clipped, low, high), selected, cov)
+        out.metrics['loss/kl_cov_penalty'] = masked_mean(penalty.detach(), selected)
+        return out

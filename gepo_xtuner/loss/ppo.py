@@ -5,8 +5,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from gepo_xtuner.loss.aggregate import (aggregate, check_agg, check_number, flag_fractions,
-                                        prepare_inputs, ratio_metrics)
+from gepo_xtuner.loss.aggregate import PolicyInputs, check_number
+from gepo_xtuner.loss.base import PolicyLoss, TokenLoss
 from gepo_xtuner.registry import POLICY_LOSSES
 
 __all__ = ['PPOClipLoss', 'ppo_clip_per_token']
@@ -36,7 +36,7 @@ def ppo_clip_per_token(ratio: Tensor, advantages: Tensor, clip_low: float,
 
 
 @POLICY_LOSSES.register_module()
-class PPOClipLoss:
+class PPOClipLoss(PolicyLoss):
     """PPO clipped policy-gradient loss (Schulman et al. 2017, arXiv:1707.06347).
 
     With ``rho_t = exp(clamp(logp_t - logp_old_t, -20, 20))`` (the clamp only
@@ -67,13 +67,7 @@ class PPOClipLoss:
         agg: Aggregation mode, see :func:`~gepo_xtuner.loss.aggregate.aggregate`.
             Default ``'token-mean'``.
 
-    Call:
-        ``loss(logprobs, old_logprobs, advantages, mask, *, num_tokens=None,
-        num_seqs=None, norm_length=None) -> (loss, metrics)`` with ``logprobs``/``old_logprobs``/
-        ``mask`` of shape ``(N, T)`` and ``advantages`` ``(N,)`` or ``(N, T)``;
-        ``old_logprobs`` and ``advantages`` are treated as constants.
-        ``num_tokens`` / ``num_seqs`` override the aggregation denominators.
-        Metrics (detached 0-dim tensors): ``loss/pg``, ``ratio/mean|max|min``,
+    Call: see :class:`~gepo_xtuner.loss.base.PolicyLoss`. Metrics (detached 0-dim tensors): ``loss/pg``, ``ratio/mean|max|min``,
         ``loss/approx_kl``, ``loss/clipfrac`` (share of valid tokens with
         ``l2 > l1``), ``loss/clipfrac_low`` (``rho < 1-clip_low`` and ``A < 0``),
         ``loss/clipfrac_high`` (``rho > 1+clip_high`` and ``A > 0``),
@@ -82,21 +76,13 @@ class PPOClipLoss:
 
     def __init__(self, clip_low: float = 0.2, clip_high: float = 0.2,
                  dual_clip: Optional[float] = None, agg: str = 'token-mean') -> None:
+        super().__init__(agg)
         self.clip_low = check_number('clip_low', clip_low, 0.0, 1.0)
         self.clip_high = check_number('clip_high', clip_high, 0.0)
         self.dual_clip = (None if dual_clip is None else
                           check_number('dual_clip', dual_clip, 1.0, low_open=True))
-        self.agg = check_agg(agg)
 
-    def __repr__(self) -> str:
-        return (f'{type(self).__name__}(clip_low={self.clip_low}, clip_high='
-                f'{self.clip_high}, dual_clip={self.dual_clip}, agg={self.agg!r})')
-
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None, num_seqs=None,
-                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Compute the loss; see the class docstring for shapes and metrics."""
-        inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
+    def per_token(self, inp: PolicyInputs) -> TokenLoss:
         adv = inp.advantages
         per_token, clipped, low, high = ppo_clip_per_token(
             inp.ratio, adv, self.clip_low, self.clip_high)
@@ -106,8 +92,5 @@ class PPOClipLoss:
             per_token = torch.where(dual, bound, per_token)
         else:
             dual = torch.zeros_like(inp.mask)
-        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
-        metrics = ratio_metrics(inp, loss)
-        metrics.update(flag_fractions(inp, clipfrac=clipped, clipfrac_low=low,
-                                      clipfrac_high=high, dual_clipfrac=dual))
-        return loss, metrics
+        return TokenLoss(per_token, dict(clipfrac=clipped, clipfrac_low=low, clipfrac_high=high,
+                                         dual_clipfrac=dual))

@@ -1,12 +1,10 @@
-"""Policies: the mmengine RL policy and the tiny character-level CPU model with its warm start."""
+"""Policies: the mmengine RL policy.
+
+The tiny character-level CPU model of the demo and its warm start
+(:mod:`gepo_xtuner.model.tiny`, :mod:`gepo_xtuner.model.tiny_vl`) are fixtures, not
+part of the library; ``import gepo_xtuner`` does not import them.
+"""
 
 from .policy import RLPolicy
-from .tiny import (ALPHABET, SPECIAL_TOKENS, answer_loss, build_char_tokenizer, build_sft_batch,
-                   build_tiny_model, format_prompt, greedy_accuracy, greedy_answers, load_tiny,
-                   read_warm_start_report, warm_start)
 
-__all__ = [
-    'RLPolicy', 'ALPHABET', 'SPECIAL_TOKENS', 'answer_loss', 'build_char_tokenizer', 'build_sft_batch',
-    'build_tiny_model', 'format_prompt', 'greedy_accuracy', 'greedy_answers', 'load_tiny',
-    'read_warm_start_report', 'warm_start'
-]
+__all__ = ['RLPolicy']

@@ -16,6 +16,7 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..loss.base import PolicyLoss
 from ..loss.kl import reference_kl_loss
 from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
@@ -117,6 +118,13 @@ class RLPolicy(BaseModel):
         if not hasattr(torch, torch_dtype):
             raise ValueError(f"torch_dtype {torch_dtype!r} is not a torch dtype; use e.g. "
                              "'float32' or 'bfloat16'")
+        if not (isinstance(kl_coef, (int, float)) and kl_coef >= 0):
+            raise ValueError(f'kl_coef must be a number >= 0, got {kl_coef!r}')
+        loss_fn = POLICY_LOSSES.build(policy_loss)  # checks its arguments before the model loads
+        if not isinstance(loss_fn, PolicyLoss):
+            raise TypeError(f'model.policy_loss: {type(loss_fn).__name__} must subclass '
+                            'gepo_xtuner.loss.PolicyLoss (implement per_token; the base class '
+                            'aggregates, reports metrics and holds the checkpointed state)')
         remote = {'trust_remote_code': trust_remote_code}
         self.llm = resolve_model_class(model_class).from_pretrained(
             pretrained, torch_dtype=getattr(torch, torch_dtype), **remote)
@@ -130,9 +138,7 @@ class RLPolicy(BaseModel):
             # non-reentrant: works whether or not the inputs (token ids) require grad
             self.llm.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={'use_reentrant': False})
-        self.policy_loss = POLICY_LOSSES.build(policy_loss)
-        if not (isinstance(kl_coef, (int, float)) and kl_coef >= 0):
-            raise ValueError(f'kl_coef must be a number >= 0, got {kl_coef!r}')
+        self.policy_loss = loss_fn
         self.kl_coef = float(kl_coef)
         # The reference stays outside the module tree: not in checkpoints (it is
         # `pretrained` again on resume), not in the optimizer, not wrapped by DDP.

@@ -1,5 +1,6 @@
-"""Per-domain reward routing with failure isolation."""
+"""The reward contract (:class:`Reward`) and per-domain routing with failure isolation."""
 
+import abc
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -13,8 +14,65 @@ from ..registry import REWARDS
 RewardFn = Callable[[str, dict[str, Any]], float]
 
 
+class Reward(abc.ABC):
+    """Base class and contract of the reward functions (:data:`~gepo_xtuner.registry.REWARDS`).
+
+    * ``reward(completion, record) -> float``: one decoded response and its prompt
+      record; a finite number (1.0 / 0.0 for verifiable tasks). A reward that raises
+      or returns a non-finite value scores 0 for that sample and is counted in
+      ``reward/errors/<domain>`` (:class:`RewardRouter`); the step goes on.
+    * :meth:`score_batch`: all responses of one step routed to this reward at once,
+      in order. The default calls ``__call__`` per sample; a reward model behind a
+      server overrides it to send one batched request. When a batch call raises,
+      the router scores that batch again sample by sample, so one bad sample costs
+      only its own reward.
+    * :meth:`check_record`: the problems of a record for this reward (missing or
+      malformed reference fields), checked for every training and validation
+      record when the RL loop is built, so a bad file fails before the first step.
+      Declare the fields in :attr:`required_fields`; override :meth:`parse_record`
+      for checks beyond presence.
+    * Arguments are validated in ``__init__``; a reward holds no state that changes
+      during training.
+
+    Adding one::
+
+        @REWARDS.register_module()
+        class LengthReward(Reward):
+            required_fields = ('max_chars',)
+
+            def __call__(self, completion, record):
+                return float(len(completion) <= record['max_chars'])
+    """
+
+    #: Fields every record this reward scores must have (not None).
+    required_fields: tuple[str, ...] = ()
+
+    @abc.abstractmethod
+    def __call__(self, completion: str, record: dict[str, Any]) -> float:
+        """The reward of one response to ``record``'s prompt."""
+
+    def score_batch(self, completions: Sequence[str], records: Sequence[dict[str, Any]]
+                    ) -> list[float]:
+        """Rewards of N responses (``completions[i]`` answers ``records[i]``)."""
+        return [self(c, r) for c, r in zip(completions, records)]
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        """Raises ``ValueError`` / ``TypeError`` for a record this reward cannot score."""
+
+    def check_record(self, record: dict[str, Any]) -> list[str]:
+        """Problems of ``record`` for this reward, one line each; empty if it can be scored."""
+        missing = [f for f in self.required_fields if record.get(f) is None]
+        if missing:
+            return [f'{type(self).__name__} needs field(s) {missing}']
+        try:
+            self.parse_record(record)
+        except (TypeError, ValueError) as exc:
+            return [f'{type(self).__name__}: {exc}']
+        return []
+
+
 @REWARDS.register_module()
-class ExactMatchReward:
+class ExactMatchReward(Reward):
     """1.0 if the stripped completion equals the record's ``answer``, else 0.0.
 
     Example:
@@ -23,6 +81,8 @@ class ExactMatchReward:
         >>> ExactMatchReward()('41', {'answer': '42'})
         0.0
     """
+
+    required_fields = ('answer',)
 
     def __call__(self, completion: str, record: dict[str, Any]) -> float:
         return float(completion.strip() == str(record['answer']).strip())
@@ -61,6 +121,24 @@ class RewardRouter:
         }
         self._warned: set[tuple[str, str]] = set()
 
+    def check_records(self, records: Sequence[dict[str, Any]], what: str) -> None:
+        """Checks every record against the reward it routes to (:meth:`Reward.check_record`).
+
+        Raises:
+            ValueError: naming up to five bad records (id, reward, problem) and the count.
+        """
+        problems = []
+        for record in records:
+            fn = self.fn_for(record.get(self.route_by) or record['domain'])
+            for problem in (fn.check_record(record) if isinstance(fn, Reward) else ()):
+                problems.append(f'record {record.get("id", "?")!r}: {problem}')
+        if problems:
+            shown = '\n  '.join(problems[:5])
+            more = f'\n  ... and {len(problems) - 5} more' if len(problems) > 5 else ''
+            raise ValueError(f'{what}: {len(problems)} record(s) cannot be scored by their '
+                             f'reward:\n  {shown}{more}\nadd the fields, or route these records '
+                             'to another reward (train_cfg.rewards)')
+
     def fn_for(self, domain: str) -> RewardFn:
         fn = self.fns.get(domain, self.fns.get('default'))
         if fn is None:
@@ -84,11 +162,14 @@ class RewardRouter:
               ) -> tuple[torch.Tensor, dict[str, float], list[str | None]]:
         """Like :meth:`__call__`, plus each sample's failure (``'Type: message'``) or None."""
         errors: Counter[str] = Counter()
-        failures: list[str | None] = []
+        failures: list[str | None] = [None] * len(records)
+        batched = self._score_batched(completions, records)
         values = []
-        for completion, record in zip(completions, records):
+        for i, (completion, record) in enumerate(zip(completions, records)):
             domain = record.get(self.route_by) or record['domain']
-            failures.append(None)
+            if batched[i] is not None:
+                values.append(batched[i])
+                continue
             try:
                 value = float(self.fn_for(domain)(completion, record))
                 if not math.isfinite(value):
@@ -97,7 +178,7 @@ class RewardRouter:
                 if isinstance(exc, ValueError) and str(exc).startswith('no reward function'):
                     raise
                 errors[domain] += 1
-                failures[-1] = f'{type(exc).__name__}: {exc}'
+                failures[i] = f'{type(exc).__name__}: {exc}'
                 value = 0.0
                 key = (domain, type(exc).__name__)
                 if key not in self._warned:
@@ -110,3 +191,27 @@ class RewardRouter:
         domains = {r.get(self.route_by) or r['domain'] for r in records}
         metrics = {f'reward/errors/{d}': float(errors[d]) for d in sorted(domains)}
         return torch.tensor(values, dtype=torch.float32), metrics, failures
+
+    def _score_batched(self, completions: Sequence[str], records: Sequence[dict[str, Any]]
+                       ) -> list[float | None]:
+        """Values from the rewards that override :meth:`Reward.score_batch`, one call per
+        reward; None where the sample is scored one by one (every other reward, and a
+        batch that raised or returned a non-finite value or the wrong count)."""
+        out: list[float | None] = [None] * len(records)
+        rows: dict[int, list[int]] = {}
+        fns: dict[int, Reward] = {}
+        for i, record in enumerate(records):
+            fn = self.fn_for(record.get(self.route_by) or record['domain'])
+            if isinstance(fn, Reward) and type(fn).score_batch is not Reward.score_batch:
+                rows.setdefault(id(fn), []).append(i)
+                fns[id(fn)] = fn
+        for key, idx in rows.items():
+            try:
+                values = [float(v) for v in fns[key].score_batch(
+                    [completions[i] for i in idx], [records[i] for i in idx])]
+            except Exception:  # noqa: BLE001 -- rescored per sample, which reports the error
+                continue
+            if len(values) == len(idx) and all(math.isfinite(v) for v in values):
+                for i, v in zip(idx, values):
+                    out[i] = v
+        return out

@@ -4,6 +4,7 @@ import re
 from typing import Any
 
 from ..registry import REWARDS
+from .base import Reward
 from .answer import final_answer, strip_latex_text
 
 __all__ = ['ChartQAReward', 'relaxed_match']
@@ -63,7 +64,7 @@ def _prediction(completion: str) -> str:
 
 
 @REWARDS.register_module()
-class ChartQAReward:
+class ChartQAReward(Reward):
     r"""1.0 if the chart answer is right under ChartQA's relaxed accuracy, else 0.0.
 
     The prediction is the last ``\boxed{}``, else the last "answer: ..." line, else the
@@ -83,6 +84,8 @@ class ChartQAReward:
         >>> reward('Answer: Brazil, 3,450', {'answer': ['Brazil', '3500']})
         1.0
     """
+
+    required_fields = ('answer',)
 
     def __init__(self, tolerance: float = 0.05) -> None:
         if not 0 <= tolerance < 1:

@@ -5,6 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..registry import REWARDS
+from .base import Reward
 from .answer import last_boxed, strip_latex_text
 
 __all__ = ['MultipleChoiceReward', 'extract_choice']
@@ -142,7 +143,7 @@ def _choices(record: dict[str, Any]) -> list[str]:
 
 
 @REWARDS.register_module()
-class MultipleChoiceReward:
+class MultipleChoiceReward(Reward):
     r"""1.0 if the completion commits to the correct option, else 0.0.
 
     The letter is read by :func:`extract_choice`; the reference by the record's
@@ -171,6 +172,8 @@ class MultipleChoiceReward:
         1.0
     """
 
+    required_fields = ('answer',)
+
     def __init__(self, match_option_text: bool = True, last_letter_fallback: bool = False
                  ) -> None:
         self.match_option_text = bool(match_option_text)
@@ -187,3 +190,9 @@ class MultipleChoiceReward:
                              choices if self.match_option_text else None,
                              self.last_letter_fallback)
         return float(got == correct)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        choices = _choices(record)
+        if len(choices) > len(LETTERS):
+            raise ValueError(f'{len(choices)} choices; at most {len(LETTERS)} (A-J) are supported')
+        reference_letter(record, len(choices) or len(LETTERS))

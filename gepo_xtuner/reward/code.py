@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..registry import REWARDS
+from .base import Reward
 from .sandbox import Sandbox
 
 __all__ = ['CodeReward', 'TestCase', 'extract_code', 'parse_tests']
@@ -191,7 +192,7 @@ def same_value(got: Any, expected: Any, float_tol: float | None = 1e-6) -> bool:
 
 
 @REWARDS.register_module()
-class CodeReward:
+class CodeReward(Reward):
     """Runs the completion's Python program against the record's tests.
 
     The program (:func:`extract_code`) runs once per test in a separate, limited
@@ -233,6 +234,8 @@ class CodeReward:
         >>> reward('```python\\nprint(5)\\n```', record)
         0.0
     """
+
+    required_fields = ('tests',)
 
     def __init__(self, timeout_s: float = 6.0, memory_mb: int = 1024,
                  partial_credit: bool = False, max_workers: int = 1,
@@ -288,3 +291,6 @@ class CodeReward:
                             other.cancel()  # not started yet: skipped
                         return 0.0
         return passed / len(cases)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        parse_tests(record)

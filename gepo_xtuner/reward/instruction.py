@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..registry import REWARDS
+from .base import Reward
 from .ifeval_checks import CHECKERS, check_instruction
 
 __all__ = ['InstructionFollowingReward']
@@ -37,7 +38,7 @@ def _instructions(record: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 @REWARDS.register_module()
-class InstructionFollowingReward:
+class InstructionFollowingReward(Reward):
     """Scores a response against the record's verifiable instructions.
 
     The record lists its instructions as ``instructions: [{"id": "<IFEval id>",
@@ -89,3 +90,8 @@ class InstructionFollowingReward:
         if self.mode == 'all':
             return float(all(followed))
         return sum(followed) / len(followed)
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        unknown = [i for i, _ in _instructions(record) if i not in CHECKERS]
+        if unknown:
+            raise ValueError(f'unknown instruction id(s) {unknown}')

@@ -3,6 +3,7 @@
 from typing import Any
 
 from ..registry import REWARDS
+from .base import Reward
 from .worker import VerifierWorker
 
 __all__ = ['MathReward', 'reference_answer']
@@ -37,7 +38,7 @@ def reference_answer(answer: Any) -> str:
 
 
 @REWARDS.register_module()
-class MathReward:
+class MathReward(Reward):
     r"""1.0 if the completion's final answer equals the record's ``answer``, else 0.0.
 
     Equivalence is decided by the `math-verify <https://github.com/huggingface/Math-Verify>`_
@@ -72,6 +73,8 @@ class MathReward:
         1.0
     """
 
+    required_fields = ('answer',)
+
     def __init__(self, timeout_s: float = 5.0, memory_mb: int | None = 4096,
                  float_rounding: int = 6, strict: bool = True) -> None:
         self.float_rounding = int(float_rounding)
@@ -84,3 +87,7 @@ class MathReward:
             raise ValueError(f"math record {record.get('id', '?')!r} has no 'answer'")
         return float(self._check(completion, reference_answer(record['answer']),
                                  self.float_rounding, self.strict))
+
+    def parse_record(self, record: dict[str, Any]) -> None:
+        if not reference_answer(record['answer']).strip():
+            raise ValueError("'answer' states no reference (empty, or nothing after '####')")

@@ -3,13 +3,14 @@
 from typing import Any
 
 from ..registry import REWARDS
+from .base import Reward
 from .worker import VerifierWorker
 
 __all__ = ['NumericReward']
 
 
 @REWARDS.register_module()
-class NumericReward:
+class NumericReward(Reward):
     r"""1.0 if the completion's final answer equals the reference within tolerance, else 0.0.
 
     The prediction is the last ``\boxed{}``, else the last "answer: ..." line, else (with
@@ -51,6 +52,8 @@ class NumericReward:
         >>> reward('Answer: 9.79', {'answer': 9.81, 'unit': 'm/s^2'})
         1.0
     """
+
+    required_fields = ('answer',)
 
     def __init__(self, rel_tol: float = 1e-2, abs_tol: float = 0.0, require_unit: bool = False,
                  fallback_last_number: bool = True, timeout_s: float = 5.0,

@@ -97,7 +97,31 @@ class RolloutSample:
 
 
 class RolloutBackend(abc.ABC):
-    """Generates K responses per prompt and follows the trainer's weights."""
+    """Generates K responses per prompt and follows the trainer's weights.
+
+    Contract (what the RL loop and the validator rely on; every backend of
+    :data:`~gepo_xtuner.registry.ROLLOUT_BACKENDS` keeps it, and
+    ``tests/test_rollout/test_conformance.py`` checks the in-process ones):
+
+    * **Building is cheap and checks the arguments**: no network, no disk, no
+      model; a bad argument raises ``ValueError`` naming it. Servers are reached
+      or launched at :meth:`attach` or the first :meth:`generate`.
+    * **Every data-parallel rank calls every method**, in the same order:
+      :meth:`attach` once, then per step :meth:`generate` and
+      :meth:`update_weights`, and :meth:`close` at the end. :meth:`generate` may
+      be collective (a backend may synchronise ranks inside it), so a rank with
+      nothing to sample still calls it, with zero requests, and gets ``[]``.
+    * :meth:`generate` returns, for each request in order, ``params.n`` samples;
+      each sample's ``logprobs`` has one entry per response token, and a
+      response ends at the first stop token (kept) or at ``params.max_new_tokens``.
+    * :meth:`update_weights` gets the unwrapped policy model (``nn.Module``, Hugging
+      Face parameter names, full unsharded tensors on the rank that pushes them);
+      when it returns on every rank, the next :meth:`generate` samples from
+      those weights.
+    * Anything that changes during training and matters for a resumed run (e.g.
+      a counter that names weight files) is in :meth:`state_dict`; the loop
+      checkpoints it.
+    """
 
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
         """Called once by the loop with the (unwrapped) policy and its tokenizer."""
@@ -105,14 +129,21 @@ class RolloutBackend(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
                  ) -> list[list[RolloutSample]]:
-        """Samples ``params.n`` responses for each request.
+        """Samples ``params.n`` responses for each request (collective: see the class).
 
         Returns:
             ``result[i][j]`` is the j-th response to ``requests[i]``.
         """
 
     def update_weights(self, model: nn.Module) -> None:
-        """Makes the backend sample from ``model``'s current weights."""
+        """Makes the backend sample from ``model``'s current weights (every rank calls it)."""
 
     def close(self) -> None:
         """Releases resources (servers, processes)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State that changes during training and is checkpointed (none by default)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output (nothing by default)."""

@@ -283,6 +283,13 @@ class LMDeployRolloutBackend(RolloutBackend):
         self.num_updates += 1
         _barrier()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The weight-update counter (it numbers the ``'disk'`` mode's weight files)."""
+        return {'num_updates': self.num_updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.num_updates = int(state.get('num_updates', self.num_updates))
+
     def _push(self, model: nn.Module, mode: str) -> None:
         if mode == 'ipc':
             if not all(p.is_cuda for p in model.parameters()):

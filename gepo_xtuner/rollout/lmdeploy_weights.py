@@ -219,13 +219,25 @@ class NCCLWeightSync:
 
     def _new_group(self, world_size: int) -> Any:
         # The same construction as the server's side, so both sides' store keys agree;
-        # torch has no public API for a group outside the default world.
-        from torch.distributed.distributed_c10d import (
-            PrefixStore,
-            _new_process_group_helper,
-            _world,
-            rendezvous,
-        )
+        # torch has no public API for a group outside the default world, so this uses
+        # torch's private helpers; a torch without them is
+        # reported here, not as an AttributeError in the middle of a weight push.
+        try:
+            from torch.distributed.distributed_c10d import (
+                PrefixStore,
+                _new_process_group_helper,
+                _world,
+                rendezvous,
+            )
+        except ImportError as exc:
+            raise RuntimeError(
+                f'weight sync over NCCL needs torch.distributed internals this torch '
+                f'({torch.__version__}) lacks ({exc}); use weight_sync=dict(mode=\'ipc\') or '
+                "dict(mode='disk', shared_dir=...), or a torch version LMDeploy supports") from exc
+        if not hasattr(_world, 'pg_group_ranks'):
+            raise RuntimeError(f'torch {torch.__version__} changed the process-group registry '
+                               "(_world.pg_group_ranks); use weight_sync=dict(mode='ipc') or "
+                               "dict(mode='disk', shared_dir=...)")
         store, _, _ = next(rendezvous(f'tcp://{self.master_address}:{self.master_port}', 0,
                                       world_size, timeout=self.timeout))
         store.set_timeout(self.timeout)

@@ -55,13 +55,15 @@ def group_entropies(batch) -> dict[int, float | None]:
 class ReferenceGEPO:
     """Loop implementation of GEPO shaping with the EMA band across steps."""
 
-    def __init__(self, alpha_low, alpha_high, beta_low, beta_high, gamma, eps=1e-8):
+    def __init__(self, alpha_low, alpha_high, beta_low, beta_high, gamma, eps=1e-8,
+                 base='GRPOAdvantage'):
+        self.base = base
         self.a_lo, self.a_hi = alpha_low, alpha_high
         self.b_lo, self.b_hi, self.gamma, self.eps = beta_low, beta_high, gamma, eps
         self.h_low = self.h_high = None
 
     def step(self, batch):
-        adv = base_advantages(batch, 'GRPOAdvantage', self.eps)
+        adv = base_advantages(batch, self.base, self.eps)
         ents = group_entropies(batch)
         valid = [h for h in ents.values() if h is not None]
         if not valid:
@@ -95,13 +97,15 @@ class ReferenceAEPO:
     only responses with positive advantage and positive reward are kept.
     """
 
-    def __init__(self, entropy_low, entropy_high=None, gate='band', eps=1e-8):
+    def __init__(self, entropy_low, entropy_high=None, gate='band', eps=1e-8,
+                 base='GRPOAdvantage'):
         self.lo, self.eps, self.gate, self.on = entropy_low, eps, gate, False
+        self.base = base
         self.hi = math.inf if entropy_high is None else entropy_high
 
     def step(self, batch):
         """Returns ``(advantages, keep)`` as lists."""
-        adv = base_advantages(batch, 'GRPOAdvantage', self.eps)
+        adv = base_advantages(batch, self.base, self.eps)
         values = batch.entropies if batch.entropies is not None else -batch.logprobs
         toks = [v for row, m in zip(values.tolist(), batch.mask.tolist())
                 for v, k in zip(row, m) if k]

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from gepo_xtuner.data import (DOMAINS, MAX_ANSWER_CHARS, TASK_CHARS, build_task_files,
-                              generate_split, make_record, read_jsonl, score, split_of,
-                              write_jsonl)
 from gepo_xtuner.data import synthetic_tasks
+from gepo_xtuner.data.synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, TASK_CHARS,
+                                              build_task_files, generate_split, make_record,
+                                              read_jsonl, score, split_of, write_jsonl)
 
 
 def solve(domain: str, prompt: str) -> str:

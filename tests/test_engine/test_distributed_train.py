@@ -23,8 +23,7 @@ def test_two_process_gloo_run_has_identical_thresholds_on_both_ranks(tmp_path, t
     xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
     assert xtuner, 'the xtuner console script is not installed'
     cfg = write_config(tmp_path, extra="""
-        custom_hooks = [dict(type='GEPOThresholdHook'), dict(type='TrainingCurvesHook'),
-                        dict(type='DumpAdvantageStateHook')]
+        custom_hooks = [dict(type='TrainingCurvesHook'), dict(type='DumpAdvantageStateHook')]
     """)
     work = tmp_path / 'run'
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny_dir), PYTHONPATH=str(ROOT),

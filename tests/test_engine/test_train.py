@@ -43,10 +43,10 @@ def test_short_run_learns_logs_and_checkpoints(tmp_path, tiny_dir):
     after = load_ckpt(work / 'iter_4.pth')['state_dict']
     changed = [k for k, v in before.items() if not torch.equal(v, after['llm.' + k])]
     assert changed, 'no parameter moved'
-    # the threshold hook's state is in the checkpoint and is what step 5 would use
-    state = load_ckpt(work / 'iter_4.pth')['gepo_xtuner/advantage_state']
+    # the loop's processor state is in the checkpoint and is what step 5 would use
+    state = load_ckpt(work / 'iter_4.pth')['gepo_xtuner/rl_loop']['advantage']
     assert state['processor'] == 'GEPOAdvantage' and state['state']['num_updates'] == 4
-    ckpt2 = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/advantage_state']['state']
+    ckpt2 = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/rl_loop']['advantage']['state']
     assert ckpt2['h_low'] == logged[3]['gepo/h_low']  # step 3 shaped with the saved band
     assert (work / 'training_curves.png').read_bytes()[:4] == b'\x89PNG'
     assert 'training_curves.png' in proc.stdout + proc.stderr
@@ -83,17 +83,63 @@ def test_resumed_seeded_clip_cov_run_is_bit_exact(tmp_path, tiny_dir):
                                load_ckpt(resumed / 'iter_4.pth')['state_dict'], rtol=0, atol=0)
 
 
-def test_resume_without_threshold_state_warns_and_continues(tmp_path, tiny_dir):
+def test_gepo_shaped_rloo_trains(tmp_path, tiny_dir):
+    """A shaper around a non-default estimator, configured in the config file only; the
+    config still lists the hook earlier versions needed, which now only says it can go."""
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(advantage=dict(base=dict(type='RLOOAdvantage')))
+        custom_hooks = [dict(type='TrainingCurvesHook'), dict(type='GEPOThresholdHook')]
+    """)
+    work = tmp_path / 'run'
+    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val.interval=100')
+    assert 'base=RLOOAdvantage()' in proc.stdout + proc.stderr
+    assert "dict(type='GEPOThresholdHook') is no longer needed" in proc.stdout + proc.stderr
+    logged = scalars(work)
+    for step in (1, 2):
+        for key in ('gepo/h_low', 'gepo/h_high', 'shaping/frac_damped_pos',
+                    'shaping/frac_damped_neg', 'loss/pg'):
+            assert math.isfinite(logged[step][key]), (step, key)
+    state = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/rl_loop']['advantage']
+    assert state['processor'] == 'GEPOAdvantage' and state['state']['num_updates'] == 2
+
+
+def old_layout(ckpt: dict) -> dict:
+    """The checkpoint as earlier versions wrote it: the processor state under its own key
+    (written by a config hook), the loop's entry with RNG, history and the loss state only."""
+    ckpt = dict(ckpt)
+    loop = dict(ckpt.pop('gepo_xtuner/rl_loop'))
+    ckpt['gepo_xtuner/advantage_state'] = loop.pop('advantage')
+    del loop['rollout']
+    if not loop['policy_loss']:
+        del loop['policy_loss']
+    ckpt['gepo_xtuner/rl_loop'] = loop
+    return ckpt
+
+
+def test_old_checkpoints_resume_exactly_and_missing_state_warns(tmp_path, tiny_dir):
     cfg = write_config(tmp_path)
-    first = tmp_path / 'first'
-    train(cfg, first, tiny_dir, 'train_cfg.max_steps=2')
-    ckpt = load_ckpt(first / 'iter_2.pth')
-    del ckpt['gepo_xtuner/advantage_state']
+    full = tmp_path / 'full'
+    train(cfg, full, tiny_dir, 'train_cfg.max_steps=4')
+    ckpt = load_ckpt(full / 'iter_2.pth')
+    assert set(k for k in ckpt if k.startswith('gepo_xtuner/')) == {'gepo_xtuner/rl_loop'}
     old = tmp_path / 'old_format.pth'
-    torch.save(ckpt, old)
+    torch.save(old_layout(ckpt), old)
+    proc = train(cfg, tmp_path / 'resumed', tiny_dir, 'train_cfg.max_steps=4', '--resume',
+                 str(old))
+    assert 'restored GEPOAdvantage state' in proc.stdout + proc.stderr
+    a, b = scalars(full), scalars(tmp_path / 'resumed')
+    for step in (3, 4):
+        assert comparable(a[step]) == comparable(b[step]), step
+    torch.testing.assert_close(load_ckpt(full / 'iter_4.pth')['state_dict'],
+                               load_ckpt(tmp_path / 'resumed' / 'iter_4.pth')['state_dict'],
+                               rtol=0, atol=0)
+
+    bare = old_layout(ckpt)
+    del bare['gepo_xtuner/advantage_state']
+    torch.save(bare, old)
     proc = train(cfg, tmp_path / 'second', tiny_dir, 'train_cfg.max_steps=3', '--resume',
                  str(old))
-    assert "no 'gepo_xtuner/advantage_state' entry" in proc.stdout + proc.stderr
+    assert 'checkpoint has no advantage state for GEPOAdvantage' in proc.stdout + proc.stderr
     assert 3 in scalars(tmp_path / 'second')
 
 

@@ -1,6 +1,6 @@
 """Validator: per-domain and per-benchmark validation, avg@n, sampling options, a real run.
 
-The unit tests drive :class:`Validator` with the parts it reads from the training loop,
+The unit tests drive :class:`Validator` with the parts the training loop hands it,
 all real: the tiny random policy in an :class:`HFRolloutBackend`, its tokenizer, a
 :class:`RewardRouter`. The last test trains for real with two benchmarks.
 """
@@ -43,19 +43,18 @@ class Recorder:
 
 
 def loop_parts(model_dir: Path, reward, max_new_tokens: int = 6) -> SimpleNamespace:
-    """What Validator.run reads from RLTrainLoop, built from the real components."""
+    """What RLTrainLoop hands Validator.run, built from the real components."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
     rollout = HFRolloutBackend(batch_size=64)
     rollout.attach(model, tok)
-    parts = SimpleNamespace(policy=SimpleNamespace(tokenizer=tok), rollout=rollout,
-                            rewards=RewardRouter(dict(default=reward)),
-                            sampling=SamplingParams(n=4, temperature=1.0,
-                                                    max_new_tokens=max_new_tokens,
-                                                    stop_token_ids=(tok.eos_token_id, )))
-    parts.encode_requests = lambda records: [encode_request(r, tok, None, '{prompt}=')
-                                             for r in records]
-    return parts
+    return SimpleNamespace(tokenizer=tok, rollout=rollout,
+                           rewards=RewardRouter(dict(default=reward)),
+                           sampling=SamplingParams(n=4, temperature=1.0,
+                                                   max_new_tokens=max_new_tokens,
+                                                   stop_token_ids=(tok.eos_token_id, )),
+                           encode_requests=lambda records: [
+                               encode_request(r, tok, None, '{prompt}=') for r in records])
 
 
 def read(path: Path) -> list[dict]:
@@ -69,7 +68,7 @@ def write(path: Path, records: list[dict]) -> str:
 
 def test_single_file_form_logs_each_domain_as_before(tiny_dir):
     parts = loop_parts(tiny_dir / 'model', lambda c, r: float(r['domain'] == 'copy'))
-    metrics = Validator(path=str(tiny_dir / 'data' / 'val.jsonl'), interval=3).run(parts)
+    metrics = Validator(path=str(tiny_dir / 'data' / 'val.jsonl'), interval=3).run(**vars(parts))
     assert metrics == {'val/add/acc': 0.0, 'val/copy/acc': 1.0, 'val/mul/acc': 0.0,
                        'val/sort/acc': 0.0, 'val/acc': 0.25}
 
@@ -84,7 +83,7 @@ def test_benchmarks_average_n_samples_and_follow_their_sampling(tiny_dir, tmp_pa
              temperature=1.0),
         dict(name='greedy', path=str(tiny_dir / 'data' / 'val.jsonl'), max_new_tokens=3)])
     torch.manual_seed(0)
-    metrics = validator.run(parts)
+    metrics = validator.run(**vars(parts))
     assert set(metrics) == {'val/letters/acc', 'val/greedy/acc', 'val/acc'}
     # letters: n=2 samples per record, scored one by one, averaged over all of them
     sampled, greedy = reward.calls[:2 * len(letters)], reward.calls[2 * len(letters):]
@@ -96,7 +95,7 @@ def test_benchmarks_average_n_samples_and_follow_their_sampling(tiny_dir, tmp_pa
     again = parts.rollout.generate(
         parts.encode_requests(letters),
         SamplingParams(n=2, temperature=1.0, max_new_tokens=6, stop_token_ids=(2, )))
-    texts = parts.policy.tokenizer.batch_decode([s.response_ids for g in again for s in g],
+    texts = parts.tokenizer.batch_decode([s.response_ids for g in again for s in g],
                                                 skip_special_tokens=True)
     assert texts == [c for _, c in sampled]
     # greedy: one sample each, capped at the benchmark's 3 new tokens (one character each)
@@ -106,7 +105,7 @@ def test_benchmarks_average_n_samples_and_follow_their_sampling(tiny_dir, tmp_pa
 
     reward.calls.clear()
     torch.manual_seed(1)  # another seed: new samples, the same greedy answers
-    validator.run(parts)
+    validator.run(**vars(parts))
     assert reward.calls[2 * len(letters):] == greedy
     assert reward.calls[:2 * len(letters)] != sampled
 
@@ -121,7 +120,7 @@ def test_parquet_benchmark_and_defaults_from_the_top_level(tiny_dir, tmp_path):
     assert (pq.n, pq.temperature, one.n, one.temperature) == (3, 0.7, 1, 0.0)
     assert [r['id'] for r in pq.records] == [r['id'] for r in val]
     reward = Recorder()
-    validator.run(loop_parts(tiny_dir / 'model', reward))
+    validator.run(**vars(loop_parts(tiny_dir / 'model', reward)))
     assert len(reward.calls) == 3 * len(val) + len(val)
 
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from gepo_xtuner.data import DOMAINS, TASK_CHARS, generate_split, read_jsonl, synthetic_tasks
-from gepo_xtuner.model import (ALPHABET, answer_loss, build_char_tokenizer, build_sft_batch,
-                               build_tiny_model, format_prompt, greedy_accuracy, greedy_answers,
-                               load_tiny, read_warm_start_report, warm_start)
+from gepo_xtuner.data import synthetic_tasks
+from gepo_xtuner.data.synthetic_tasks import DOMAINS, TASK_CHARS, generate_split, read_jsonl
 from gepo_xtuner.model import tiny
+from gepo_xtuner.model.tiny import (ALPHABET, answer_loss, build_char_tokenizer, build_sft_batch,
+                                    build_tiny_model, format_prompt, greedy_accuracy,
+                                    greedy_answers, load_tiny, read_warm_start_report, warm_start)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Enough steps for prompt-dependent (still wrong) answers, in about two seconds.

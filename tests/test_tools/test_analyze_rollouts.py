@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -15,8 +16,9 @@ TOOL = ROOT / 'tools' / 'analyze_rollouts.py'
 
 
 def run_tool(*args, check=True):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's package, not an installed one
     proc = subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT)
+                          text=True, cwd=ROOT, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}')
     return proc
@@ -158,3 +160,26 @@ def test_bad_options_are_explained(tmp_path, args, message):
     with pytest.raises(SystemExit) as exc:
         load_tool().main([str(src), '--out', str(tmp_path / 'out'), *args])
     assert re.search(message, str(exc.value)), exc.value
+
+
+def test_gepo_shaped_rloo_reports_its_shaping(tmp_path):
+    """A shaper around another estimator: the analyser reads the band from the output,
+    and the responses it damps are GEPO-around-GRPO's (same signs, same groups)."""
+    records = (group(0, 'a', 'math', [1.0, 0.0, 0.0, 1.0], nll=0.1)
+               + group(0, 'b', 'code', [1.0, 0.0, 0.0, 0.0], nll=2.0)
+               + group(1, 'c', 'math', [1.0, 1.0, 0.0, 0.0], nll=0.2)
+               + group(1, 'd', 'code', [0.0, 1.0, 0.0, 0.0], nll=1.5))
+    src = write_jsonl(tmp_path / 'r.jsonl', records)
+    proc = run_tool(src, '--out', tmp_path / 'rloo', '--advantage', 'GEPOAdvantage',
+                    '--cfg-options', 'base.type=RLOOAdvantage', 'beta_low=0', 'beta_high=0')
+    assert 'base=RLOOAdvantage()' in proc.stdout
+    run_tool(src, '--out', tmp_path / 'grpo', '--advantage', 'GEPOAdvantage', '--cfg-options',
+             'beta_low=0', 'beta_high=0')
+    read = lambda d, f: [json.loads(x) for x in (tmp_path / d / f).read_text().splitlines()]  # noqa: E731
+    rloo, grpo = read('rloo', 'advantages.jsonl'), read('grpo', 'advantages.jsonl')
+    assert [r['shaped'] for r in rloo] == [r['shaped'] for r in grpo]
+    assert {r['shaped'] for r in rloo} == {None, 'low', 'high'}
+    assert read('rloo', 'thresholds.jsonl') == read('grpo', 'thresholds.jsonl')
+    assert all(t['h_low'] is not None for t in read('rloo', 'thresholds.jsonl'))
+    # RLOO's raw advantage of a 1-of-4 winner is 1 - 0 = 1; GRPO's is 1.5
+    assert rloo[4]['advantage_raw'] == pytest.approx(1.0) and grpo[4]['advantage_raw'] == 1.5

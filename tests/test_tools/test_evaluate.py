@@ -18,7 +18,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from gepo_xtuner.data import generate_split
+from gepo_xtuner.data.synthetic_tasks import generate_split
 from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model, greedy_answers
 
 ROOT = Path(__file__).resolve().parents[2]

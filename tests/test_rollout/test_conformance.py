@@ -1,0 +1,65 @@
+"""Every registered rollout backend against the contract of ``RolloutBackend``.
+
+The in-process backend runs a real tiny model. LMDeploy needs a GPU, so its backend is
+driven against the LMDeploy protocol double of this package (``protocol_double.py``,
+checked against lmdeploy's own request/response models in test_lmdeploy_protocol.py);
+the contract checked is the client's side. A backend added to the registry must be
+added to ``MAKERS`` or this test fails.
+"""
+
+import pytest
+
+from gepo_xtuner.model.tiny import EOS_ID
+from gepo_xtuner.registry import ROLLOUT_BACKENDS
+from gepo_xtuner.rollout import RolloutBackend, RolloutRequest, SamplingParams
+
+from .conftest import load_policy
+
+PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 20, 21, 22, 23, 30]]
+
+
+def hf(double, model_dir):
+    return ROLLOUT_BACKENDS.build(dict(type='HFRolloutBackend'))
+
+
+def lmdeploy(double, model_dir):
+    return ROLLOUT_BACKENDS.build(dict(type='LMDeployRolloutBackend', server_url=double.url,
+                                       weight_sync=dict(mode='none'), timeout_s=30.0))
+
+
+MAKERS = {'HFRolloutBackend': hf, 'LMDeployRolloutBackend': lmdeploy}
+
+
+def test_every_registered_backend_is_checked():
+    assert set(ROLLOUT_BACKENDS.module_dict) == set(MAKERS)
+
+
+@pytest.mark.parametrize('name', sorted(MAKERS))
+def test_contract(name, double, tiny_model_dir):
+    backend = MAKERS[name](double, tiny_model_dir)
+    assert isinstance(backend, RolloutBackend)
+    model, tok = load_policy(tiny_model_dir)
+    backend.attach(model, tok)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, stop_token_ids=(EOS_ID, ))
+    # a rank with nothing to sample still calls generate (it may be collective)
+    assert backend.generate([], params) == []
+    out = backend.generate([RolloutRequest(list(p)) for p in PROMPTS], params)
+    assert len(out) == len(PROMPTS) and all(len(group) == 3 for group in out)
+    for group in out:
+        for sample in group:
+            ids = sample.response_ids
+            assert 1 <= len(ids) <= 6 and len(sample.logprobs) == len(ids)
+            assert all(lp <= 1e-6 for lp in sample.logprobs)
+            stops = [i for i, t in enumerate(ids) if t == EOS_ID]
+            if sample.finish_reason == 'stop':
+                assert stops == [len(ids) - 1]  # ends at the first stop token, kept
+            else:
+                assert sample.finish_reason == 'length' and len(ids) == 6 and not stops
+    backend.update_weights(model)  # every rank calls it; here: weights unchanged
+    state = backend.state_dict()
+    assert isinstance(state, dict)
+    fresh = MAKERS[name](double, tiny_model_dir)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    backend.close()
+    fresh.close()
