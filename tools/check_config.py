@@ -349,17 +349,20 @@ class Checker:
         if val:
             from gepo_xtuner.engine.validation import Validator
             sets = []
+            read = dict(fields=val.get('fields'), default_domain=val.get('default_domain'))
             if val.get('path') is not None:
                 sets.append(self.path(val['path'], 'train_cfg.val.path', 'file')
-                            + self.records(dict(path=val['path']), 'train_cfg.val.path'))
+                            + self.records(dict(path=val['path'], **read), 'train_cfg.val.path'))
             for i, bench in enumerate(val.get('benchmarks') or []):
                 key = f'train_cfg.val.benchmarks[{i}]'
                 try:  # the validator's own check (it reads the file below)
-                    Validator.check_benchmark(i, bench)
+                    *_, how = Validator.check_benchmark(i, bench, read=read)
                 except ValueError as exc:
                     self.problem('train_cfg', str(exc))
+                    how = dict(required=bench.get('required') if isinstance(bench, dict)
+                               else None, **read)
                 where = self.path(bench.get('path'), f'{key}.path', 'file') + self.records(
-                    dict(path=bench.get('path'), required=bench.get('required')), f'{key}.path')
+                    dict(path=bench.get('path'), **how), f'{key}.path')
                 sets.append(f'{bench.get("name", "?")}: {where}')
             if not sets:
                 self.problem('train_cfg.val', 'give path=... and/or benchmarks=[...]')

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..data.records import load_records
+from ..data.records import DataFormatError, load_records
 from ..ops.distributed import all_reduce_sum, dist_rank, dist_world_size
 from ..reward import RewardRouter
 from ..rollout import RolloutBackend, RolloutRequest, SamplingParams
@@ -14,7 +14,7 @@ from .scoring import sample_and_score
 
 #: Keys of one ``benchmarks`` entry.
 BENCHMARK_KEYS = ('name', 'path', 'n', 'temperature', 'top_p', 'top_k', 'max_new_tokens',
-                  'required')
+                  'required', 'fields', 'default_domain')
 
 
 @dataclass
@@ -72,10 +72,15 @@ class Validator:
         top_p: nucleus mass for sampled validation.
         top_k: top-k for sampled validation (0 disables).
         benchmarks: list of ``dict(name, path, n, temperature, top_p, top_k,
-            max_new_tokens, required)``; ``name`` and ``path`` are required, the
-            sampling keys default to the arguments above, ``required`` lists fields
-            every record must have. Names must be unique, without ``/``, and must
-            not equal a domain of ``path``.
+            max_new_tokens, required, fields, default_domain)``; ``name`` and
+            ``path`` are required, the sampling keys, ``fields`` and
+            ``default_domain`` default to the arguments above, ``required`` lists
+            fields every record must have. Names must be unique, without ``/``, and
+            must not equal a domain of ``path``.
+        fields: record field <- source field for files with other column names, as
+            :class:`~gepo_xtuner.data.PromptDataset` takes it (e.g. GSM8K's
+            ``dict(prompt='question')``).
+        default_domain: the ``domain`` of records that have none (e.g. ``'math'``).
 
     Raises:
         ValueError: a bad argument (the message names it).
@@ -85,7 +90,9 @@ class Validator:
     def __init__(self, path: str | None = None, interval: int = 10,
                  max_new_tokens: int | None = None, temperature: float = 0.0, n: int = 1,
                  top_p: float = 1.0, top_k: int = 0,
-                 benchmarks: Sequence[dict[str, Any]] | None = None) -> None:
+                 benchmarks: Sequence[dict[str, Any]] | None = None,
+                 fields: dict[str, str] | None = None,
+                 default_domain: str | None = None) -> None:
         if interval < 1:
             raise ValueError(f'val interval must be >= 1, got {interval}')
         if not path and not benchmarks:
@@ -94,9 +101,10 @@ class Validator:
         self.interval = interval
         defaults = dict(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
                         max_new_tokens=max_new_tokens)
+        self.read = dict(fields=fields, default_domain=default_domain)
         self.sets: list[ValSet] = []
         if path:
-            self.sets.append(self._build(None, path, defaults, 'val'))
+            self.sets.append(self._build(None, path, defaults, 'val', self.read))
         if benchmarks is not None and not isinstance(benchmarks, (list, tuple)):
             raise ValueError(f'val.benchmarks must be a list of dicts, got '
                              f'{type(benchmarks).__name__}')
@@ -112,17 +120,19 @@ class Validator:
                 self.groups.append(group)
 
     def _bench(self, i: int, bench: Any, defaults: dict[str, Any]) -> ValSet:
-        name, path, options, required = self.check_benchmark(i, bench, defaults)
-        return self._build(name, path, options, f'val.benchmarks[{i}] ({name})',
-                           required=required)
+        name, path, options, read = self.check_benchmark(i, bench, defaults, self.read)
+        return self._build(name, path, options, f'val.benchmarks[{i}] ({name})', read)
 
     @staticmethod
-    def check_benchmark(i: int, bench: Any, defaults: dict[str, Any] | None = None
-                        ) -> tuple[str, str, dict[str, Any], tuple[str, ...]]:
+    def check_benchmark(i: int, bench: Any, defaults: dict[str, Any] | None = None,
+                        read: dict[str, Any] | None = None
+                        ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
         """Checks one ``benchmarks`` entry without reading its file.
 
         Returns:
-            ``(name, path, sampling options over defaults, required fields)``.
+            ``(name, path, sampling options over defaults, how to read the file)``;
+            the last is ``dict(required, fields, default_domain)``, the entry's
+            ``fields`` / ``default_domain`` over ``read``'s.
 
         Raises:
             ValueError: naming the entry and the key to change.
@@ -142,16 +152,24 @@ class Validator:
         if not isinstance(path, str) or not path:
             raise ValueError(f'{where}.path must be a data file, got {path!r}')
         options = {**defaults, **{k: v for k, v in bench.items() if k in defaults}}
-        return name, path, options, tuple(bench.get('required') or ())
+        how = {'fields': None, 'default_domain': None, **(read or {})}
+        how.update({k: bench[k] for k in ('fields', 'default_domain') if k in bench})
+        return name, path, options, dict(required=tuple(bench.get('required') or ()), **how)
 
     @staticmethod
     def _build(name: str | None, path: str, options: dict[str, Any], where: str,
-               required: tuple[str, ...] = ()) -> ValSet:
+               read: dict[str, Any]) -> ValSet:
         try:  # check the sampling options now, not at the first validation
             SamplingParams(**{**options, 'max_new_tokens': options['max_new_tokens'] or 1})
         except (TypeError, ValueError) as exc:
             raise ValueError(f'{where}: {exc}') from None
-        return ValSet(name, load_records(path, required=required), **options)
+        try:
+            records = load_records(path, **read)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, DataFormatError):
+                raise
+            raise ValueError(f'{where}: {exc}') from None  # a malformed fields / default_domain
+        return ValSet(name, records, **options)
 
     def run(self, rollout: RolloutBackend, rewards: RewardRouter, tokenizer: Any,
             encode_requests: Callable[[list[dict]], list[RolloutRequest]],
