@@ -200,6 +200,8 @@ class RLTrainLoop(BaseLoop):
                                'owned and checkpointed')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
+        if self._iter:  # resumed: servers still hold the weights they started with
+            self.rollout.update_weights(policy.llm)
         RLLoopStateHook.restore_rng(self)
         if self.validator is not None and self._iter == 0:  # the starting point
             with isolated_rng(self.runner.seed, 0):
@@ -274,6 +276,7 @@ class RLTrainLoop(BaseLoop):
         t = time.perf_counter()
         self.rollout.update_weights(self.policy.llm)
         times['sync'] = time.perf_counter() - t
+        metrics.update(self.rollout.pop_metrics())
 
         step = self._iter + 1
         if self.validator is not None and (step % self.validator.interval == 0

@@ -29,7 +29,8 @@ Test hooks (in-thread use): ``fail_next`` (HTTP statuses to answer the next
 
 Run as a server: ``python -m tests.test_rollout.protocol_double MODEL_DIR
 --server-name 127.0.0.1 --server-port 23333 --logprobs-mode raw_logprobs`` (the
-flags of ``lmdeploy serve api_server`` that the backend's launch command uses).
+flags of ``lmdeploy serve api_server`` that the backend's launch command uses; and
+``--delay-s``, the ``delay_s`` test hook).
 """
 
 import argparse
@@ -397,10 +398,12 @@ def main() -> None:
     parser.add_argument('--logprobs-mode', default=None, choices=['raw_logprobs'])
     parser.add_argument('--backend', default='pytorch')  # accepted, as LMDeploy's CLI
     parser.add_argument('--tp', type=int, default=1)
+    parser.add_argument('--delay-s', type=float, default=0.0, help='test hook: delay_s')
     args = parser.parse_args()
     torch.set_num_threads(1)
     double = LMDeployProtocolDouble(args.model_path, args.server_name, args.server_port,
                                     args.logprobs_mode)
+    double.delay_s = args.delay_s
     print(f'LMDeployProtocolDouble serving {args.model_path} at {double.url}', flush=True)
     double.httpd.serve_forever()
 
