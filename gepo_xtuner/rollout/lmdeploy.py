@@ -341,7 +341,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         that appeared since). Servers that were out and answer healthy again get the
         weights and rejoin; a server the push fails on is taken out, on every rank.
         ``model`` must hold full (unsharded) parameters on rank 0, under Hugging Face
-        names.
+        names (DDP, DeepSpeed ZeRO-1/2; not ZeRO-3).
 
         Raises:
             LMDeployServerError: no ``weight_sync`` configured, the single server
@@ -356,6 +356,11 @@ class LMDeployRolloutBackend(RolloutBackend):
         mode = self.weight_sync['mode']
         if mode == 'none':
             return
+        if any(hasattr(p, 'ds_id') for p in model.parameters()):  # on every rank: none hangs
+            raise LMDeployServerError(
+                'the policy is partitioned by DeepSpeed ZeRO-3: each rank holds a shard of '
+                'every parameter, and pushing shards to LMDeploy servers is not supported; '
+                'train with ZeRO-2 (full parameters on every rank) or DDP, see docs/cluster.md')
         self._ensure_server()
         pool = self._pool
         version = pool.version + 1

@@ -185,8 +185,9 @@ class ServerPool:
         the tokens generated) feeds the per-server throughput metric.
 
         Raises:
-            ServerRequestError: a 4xx answer (the request is at fault), or the last
-                server failed and no other was ready.
+            ServerRequestError: a 4xx answer (the request is at fault), the last
+                server failed and no other was ready, or one request failed
+                ``2 * len(servers)`` times.
             NoServerError: no server is ready at the start.
             Exception: whatever else ``fn`` raised (e.g. a malformed answer).
         """
@@ -198,6 +199,7 @@ class ServerPool:
         n = len(items)
         results: list[Any] = [None] * n
         tried: list[set[int]] = [set() for _ in range(n)]
+        failed = [0] * n
         queue = collections.deque(range(n))
         state = {'in_flight': 0, 'error': None, 'last_failure': None}
         start = time.monotonic()
@@ -213,7 +215,10 @@ class ServerPool:
                     server.stats['failures'] += 1
                     if e.status is not None and 400 <= e.status < 500:
                         state['error'] = state['error'] or e
+                    elif failed[i] + 1 >= 2 * len(self.servers):  # it fails everywhere
+                        state['error'] = state['error'] or e
                     else:
+                        failed[i] += 1
                         tried[i].add(server.index)
                         state['last_failure'] = e
                         queue.appendleft(i)  # sent once more, to the next ready server

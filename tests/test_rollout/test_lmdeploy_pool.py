@@ -305,3 +305,15 @@ def test_50_steps_of_random_faults_lose_and_duplicate_nothing(doubles, tiny_mode
         backend.close()
     assert totals['failures'] > 10 and totals['resent'] > 10
     assert totals['taken_out'] > 10 and totals['rejoined'] > 5
+
+
+def test_a_zero3_partitioned_policy_is_refused_before_any_push(doubles):
+    """DeepSpeed ZeRO-3 marks each partitioned parameter with ``ds_id`` (set here by hand)."""
+    backend = LMDeployRolloutBackend(server_url=doubles[0].url,
+                                     weight_sync={'mode': 'nccl', 'backend': 'gloo'})
+    model = torch.nn.Linear(2, 2)
+    model.weight.ds_id = 0
+    with pytest.raises(LMDeployServerError, match='ZeRO-3'):
+        backend.update_weights(model)
+    assert doubles[0].calls == []
+    backend.close()
