@@ -1,11 +1,13 @@
 """Rollouts from an LMDeploy API server over HTTP (``lmdeploy serve api_server``)."""
 
 import glob
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from mmengine.logging import print_log
 from torch import nn
 
 from ..registry import ROLLOUT_BACKENDS
@@ -207,7 +209,15 @@ class LMDeployRolloutBackend(RolloutBackend):
             _barrier()
         urls = [self.server.url] if self.server is not None else self.server_urls
         if self.address_files:
-            urls = _broadcast(self._read_address_files() if _rank() == 0 else None)
+            found = None
+            if _rank() == 0:
+                try:
+                    found = self._read_address_files()
+                except LMDeployServerError as e:  # raised on every rank, not only here
+                    found = str(e)
+            urls = _broadcast(found)
+            if isinstance(urls, str):
+                raise LMDeployServerError(urls)
             if not urls:
                 raise LMDeployServerError(
                     f'no LMDeploy server address in {self.address_files}: start servers with '
@@ -397,8 +407,12 @@ class LMDeployRolloutBackend(RolloutBackend):
         """
         pool = self._pool
         if self.address_files:
-            for url in self._read_address_files()[len(pool.servers):]:
-                pool.add(url)
+            try:
+                for url in self._read_address_files()[len(pool.servers):]:
+                    pool.add(url)
+            except LMDeployServerError as e:  # the other ranks wait: keep the known servers
+                print_log(f'{e}; no new servers this step', logger='current',
+                          level=logging.WARNING)
         synced, out = {}, {}
         for s in pool.servers:
             if not s.ready:  # out, or new: only a server that answers healthy gets weights

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2/3 through mmengine's FlexibleRunner, two CPU processes over gloo.
 
-Real runs of ``xtuner train configs/gepo_tiny_cpu_zero.py`` (XTuner's launcher, torchrun,
+Real runs of ``xtuner train configs/deepspeed/gepo_tiny_cpu_zero.py`` (XTuner's launcher, torchrun,
 DeepSpeed's CPU accelerator), compared with the same run under DDP: the loop's explicit
 optimizer step must give the same parameters whichever engine holds them.
 """
@@ -86,7 +86,7 @@ def _assert_same_as_ddp(got: dict[str, torch.Tensor], ddp: dict[str, torch.Tenso
 def test_zero_run_equals_ddp_and_resumes_exactly(tmp_path, tiny_dir, deepspeed_deps,
                                                  ddp_weights, stage, monkeypatch):
     monkeypatch.setenv('GEPO_ZERO_STAGE', str(stage))
-    cfg = write_config(tmp_path, base='gepo_tiny_cpu_zero.py')
+    cfg = write_config(tmp_path, base='deepspeed/gepo_tiny_cpu_zero.py')
     work = tmp_path / 'run'
     out = _train(cfg, work, tiny_dir, deepspeed_deps, 'train_cfg.max_steps=3')
     assert (work / 'iter_3.pth').is_dir(), out[-6000:]

@@ -260,6 +260,9 @@ def test_no_address_file_yet_is_a_clear_error(tmp_path):
     backend = LMDeployRolloutBackend(address_files=str(tmp_path / '*.env'))
     with pytest.raises(LMDeployServerError, match='tools/slurm_lmdeploy_server.sh'):
         backend.attach(None, None)
+    (tmp_path / 'a.env').write_text('GEPO_LMDEPLOY_URL=node3:1\n')
+    with pytest.raises(LMDeployServerError, match=r"a\.env: unexpected line"):
+        backend.attach(None, None)
 
 
 def test_50_steps_of_random_faults_lose_and_duplicate_nothing(doubles, tiny_model_dir,
