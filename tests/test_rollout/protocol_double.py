@@ -76,6 +76,12 @@ def _error(status: int, message: str) -> _Reply:
                                         code=status).model_dump())
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # uvicorn's listen backlog: the stdlib's 5 resets connections when a client opens
+    # dozens at once, which LMDeploy's server does not.
+    request_queue_size = 2048
+
+
 class LMDeployProtocolDouble:
     """The protocol double's state: model, sleep state, weight groups, test hooks.
 
@@ -106,7 +112,7 @@ class LMDeployProtocolDouble:
         self._model_lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
         self.connections: set[socket.socket] = set()
-        self.httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self.httpd = _HTTPServer((host, port), _handler_for(self))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
