@@ -105,6 +105,22 @@ $(TF5_DEPS)/.installed: requirements-transformers5.txt
 	$(PY) -m pip install --no-deps --target $(TF5_DEPS) -r requirements-transformers5.txt
 	touch $@
 
+# DeepSpeed (ZeRO-2/3 through mmengine's FlexibleRunner; docs/cluster.md), installed into
+# $(DEEPSPEED_DEPS) and put first on PYTHONPATH per command; the venv is left as it is. Built
+# without its compiled ops (DS_BUILD_OPS=0): on CPU it builds the one it needs (a shared-memory
+# collective) at first use, with ninja and the system's C++ compiler.
+DEEPSPEED_DEPS ?= work_dirs/deepspeed_deps
+.PHONY: deepspeed-deps
+
+deepspeed-deps: $(DEEPSPEED_DEPS)/.installed
+
+$(DEEPSPEED_DEPS)/.installed: requirements-deepspeed.txt
+	test -x $(PY) || $(MAKE) $(STAMP)
+	rm -rf $(DEEPSPEED_DEPS)
+	DS_BUILD_OPS=0 $(PY) -m pip install --no-deps --target $(DEEPSPEED_DEPS) \
+		-r requirements-deepspeed.txt
+	touch $@
+
 .PHONY: xtuner-v1-deps
 
 xtuner-v1-deps: $(XTUNER_V1_DEPS)/.installed

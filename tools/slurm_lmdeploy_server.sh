@@ -12,6 +12,8 @@
 #   GEPO_LMDEPLOY_TP=TP
 # tools/slurm_train.sh and tools/dist_train.sh read that file (set LMDEPLOY_ADDR_FILE for
 # them too) and the paper configs then use this server, with weights pushed over NCCL.
+# Several servers: start one job per server, each with its own LMDEPLOY_ADDR_FILE in one
+# directory, and give LMDeployRolloutBackend address_files='DIR/*.env' (docs/cluster.md).
 # The file is removed when the server stops. The job runs until cancelled (scancel).
 #
 # Environment:

@@ -2,6 +2,7 @@
 
 from .curves_hook import TrainingCurvesHook
 from .fileio import AtomicLocalBackend
+from .flexible_runner import RLFlexibleRunner
 from .gepo_hook import GEPOThresholdHook
 from .logging import OptionalTensorboardVisBackend, RLLogProcessor
 from .loop import RLTrainLoop
@@ -9,4 +10,4 @@ from .loop_state_hook import RLLoopStateHook
 from .runner import RLRunner
 
 __all__ = ['RLTrainLoop', 'GEPOThresholdHook', 'RLLoopStateHook', 'TrainingCurvesHook',
-           'RLRunner', 'AtomicLocalBackend', 'RLLogProcessor', 'OptionalTensorboardVisBackend']
+           'RLRunner', 'RLFlexibleRunner', 'AtomicLocalBackend', 'RLLogProcessor', 'OptionalTensorboardVisBackend']

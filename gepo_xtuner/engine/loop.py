@@ -24,7 +24,7 @@ from .geometry import StepGeometry, check_group_size
 from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
                        minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
-from .optim_step import check_accumulation, optimizer_step
+from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
 from .requests import encode_request
 from .validation import Validator
 
@@ -203,6 +203,8 @@ class RLTrainLoop(BaseLoop):
                   logger='current')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
+        if self._iter:  # resumed: servers still hold the weights they started with
+            self.rollout.update_weights(policy.llm)
         if self._resume_rng is not None:  # ... then continue the saved random streams
             restore_rng(self._resume_rng)
             self._resume_rng = None
@@ -326,6 +328,7 @@ class RLTrainLoop(BaseLoop):
         t = time.perf_counter()
         self.rollout.update_weights(self.policy.llm)
         times['sync'] = time.perf_counter() - t
+        metrics.update(self.rollout.pop_metrics())
 
         step = self._iter + 1
         if self.validator is not None and (step % self.validator.interval == 0
@@ -397,13 +400,15 @@ class RLTrainLoop(BaseLoop):
         minibatch and no denominator. Every rank takes the same number of steps
         (``ceil(N / minibatch_size)`` per pass); a rank whose minibatch is empty
         still runs one zero-weighted micro-batch, so that the gradient all-reduce
-        of data-parallel training meets on every rank.
+        of data-parallel training meets on every rank (under DeepSpeed ZeRO, which
+        reduces at every backward, as many as the rank with the most).
         """
         world = dist_world_size()
         rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
         prompt_len, response_len = batch.lengths()
         count = math.ceil(len(batch) / self.minibatch_size)
         stats = MicroBatchStats()
+        lockstep = reduces_every_backward(self.runner.optim_wrapper)
         grad_norms: list[float] = []
         micro_counts: list[int] = []
         for _ in range(self.ppo_epochs):
@@ -417,11 +422,17 @@ class RLTrainLoop(BaseLoop):
                 micro_counts.append(len(micro))
                 inputs = [loss_inputs(batch, m, old_logprobs, advantages, totals, self.sampling)
                           for m in micro]
-                if not inputs:  # nothing left on this rank: take part with a zero gradient
+                # Each rank takes part in every gradient reduction: at least one micro-batch
+                # (DDP reduces once, at the last), or, where every backward reduces (DeepSpeed
+                # ZeRO), as many as the rank with the most.
+                want = max(len(inputs), 1)
+                if lockstep:
+                    want = int(all_reduce(torch.tensor([want]), op='max'))
+                while len(inputs) < want:  # a zero gradient: no valid token, loss 0
                     empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages, totals,
                                         self.sampling)
                     empty['response_mask'] = torch.zeros_like(empty['response_mask'])
-                    inputs = [empty]  # no valid token: loss 0, every gradient exactly 0
+                    inputs.append(empty)
                 logs, grad_norm = optimizer_step(self.runner.model, self.runner.optim_wrapper,
                                                  inputs, loss_scale=float(world))
                 stats.add_minibatch(logs, [int(i['response_mask'].sum()) for i in inputs])

@@ -22,12 +22,22 @@ import torch
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
-__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step']
+__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step', 'reduces_every_backward']
 
 
 def is_deepspeed(optim_wrapper: Any) -> bool:
     """Whether ``optim_wrapper`` is mmengine's ``DeepSpeedOptimWrapper`` (``--deepspeed``)."""
     return type(optim_wrapper).__name__ == 'DeepSpeedOptimWrapper'
+
+
+def reduces_every_backward(optim_wrapper: Any) -> bool:
+    """Whether gradients are reduced across ranks at every backward, not once per step.
+
+    DeepSpeed ZeRO-2/3 reduce-scatter each micro-batch's gradients into the
+    partitions as they are produced, so every rank must run the same number of
+    micro-batches; DDP (``no_sync`` until the last) reduces once per step.
+    """
+    return is_deepspeed(optim_wrapper)
 
 
 def check_accumulation(optim_wrapper: Any) -> None:
@@ -83,23 +93,27 @@ def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Seq
         raise ValueError('optimizer_step needs at least one micro-batch')
     policy = model.module if is_model_wrapper(model) else model
     deepspeed = is_deepspeed(optim_wrapper)
-    optim_wrapper.zero_grad()
+    # mmengine's DeepSpeed wrapper is not callable; its DeepSpeedEngine (``.model``) is.
+    forward = model.model if deepspeed else model
+    if not deepspeed:  # DeepSpeed zeroes its (partitioned) gradients after each step itself
+        optim_wrapper.zero_grad()
     logs = []
     for j, inputs in enumerate(micro_inputs):
         last = j == len(micro_inputs) - 1
         data = policy.data_preprocessor(dict(inputs=inputs), training=True)
         with ExitStack() as stack:
-            if not deepspeed:
+            if not deepspeed:  # DeepSpeed casts and syncs in its engine
                 stack.enter_context(_sync_context(model, sync=last))
-            stack.enter_context(optim_wrapper.optim_context(model))
-            losses = model(**data, mode='loss')
+                stack.enter_context(optim_wrapper.optim_context(model))
+            losses = forward(**data, mode='loss')
             loss, log_vars = policy.parse_losses(losses)
             if deepspeed:
                 # DeepSpeed reduces at the boundary we name; with gradient_accumulation_steps
                 # 1 (accumulative_counts 1) its backward does not rescale the loss.
                 optim_wrapper.model.set_gradient_accumulation_boundary(last)
                 optim_wrapper.backward(loss * loss_scale)
-                optim_wrapper.step()  # steps only at the boundary
+                with torch.no_grad():  # DeepSpeed 0.18's ZeRO all-gather fails under autograd (gloo)
+                    optim_wrapper.step()  # steps only at the boundary
             else:
                 optim_wrapper.backward(loss * loss_scale)
         logs.append(log_vars)

@@ -71,6 +71,23 @@ def trusted_checkpoint_load() -> Iterator[None]:
             os.environ[name] = old
 
 
+def init_cpu_process_group(launcher: str, env_cfg: dict) -> None:
+    """Initialises the default process group on a machine without CUDA (else nothing).
+
+    mmengine's ``init_dist`` calls ``torch.cuda.set_device`` unconditionally; a group
+    that already exists is left alone by it. Backend: ``env_cfg.dist_cfg.backend``,
+    ``gloo`` if unset; ``env://`` rendezvous as torchrun or Slurm set it up.
+    """
+    if torch.cuda.is_available() or dist.is_initialized():
+        return
+    backend = (env_cfg.get('dist_cfg') or {}).get('backend', 'gloo')
+    if launcher == 'slurm':
+        os.environ.setdefault('RANK', os.environ['SLURM_PROCID'])
+        os.environ.setdefault('WORLD_SIZE', os.environ['SLURM_NTASKS'])
+        os.environ.setdefault('LOCAL_RANK', os.environ['SLURM_LOCALID'])
+    dist.init_process_group(backend=backend, init_method='env://')
+
+
 @RUNNERS.register_module()
 class RLRunner(Runner):
     """mmengine's Runner with two changes for RL runs of this package.
@@ -143,13 +160,8 @@ class RLRunner(Runner):
         super().resume(filename, *args, **kwargs)
 
     def setup_env(self, env_cfg: dict) -> None:
-        if self.distributed and not torch.cuda.is_available() and not dist.is_initialized():
-            backend = (env_cfg.get('dist_cfg') or {}).get('backend', 'gloo')
-            if self.launcher == 'slurm':
-                os.environ.setdefault('RANK', os.environ['SLURM_PROCID'])
-                os.environ.setdefault('WORLD_SIZE', os.environ['SLURM_NTASKS'])
-                os.environ.setdefault('LOCAL_RANK', os.environ['SLURM_LOCALID'])
-            dist.init_process_group(backend=backend, init_method='env://')
+        if self.distributed:
+            init_cpu_process_group(self.launcher, env_cfg)
         super().setup_env(env_cfg)
 
     def load_checkpoint(self, filename: str, *args, **kwargs):

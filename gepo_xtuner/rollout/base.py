@@ -138,6 +138,10 @@ class RolloutBackend(abc.ABC):
     def update_weights(self, model: nn.Module) -> None:
         """Makes the backend sample from ``model``'s current weights (every rank calls it)."""
 
+    def pop_metrics(self) -> dict[str, float]:
+        """Figures since the last call (e.g. ``rollout/server/<i>/...``), then reset."""
+        return {}
+
     def close(self) -> None:
         """Releases resources (servers, processes)."""
 

@@ -18,12 +18,15 @@ class ServerRequestError(RuntimeError):
     Attributes:
         status: the last HTTP status, or ``None`` when no response came.
         body: the last response body (parsed JSON when possible), or ``None``.
+        url: the server's base address, when known.
     """
 
-    def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:
+    def __init__(self, message: str, status: int | None = None, body: Any = None,
+                 url: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.body = body
+        self.url = url
 
 
 class HTTPPool:
@@ -86,7 +89,8 @@ class HTTPPool:
                     limit = self.timeout_s if timeout_s is None else timeout_s
                     raise ServerRequestError(
                         f'{what}: no answer within {limit} s ({type(e).__name__}); the server '
-                        'may be overloaded or hung: raise timeout_s or check the server') from e
+                        'may be overloaded or hung: raise timeout_s or check the server',
+                        url=self.base_url) from e
                 failure, status, body = f'{type(e).__name__}: {e}', None, None
             except httpx.RequestError as e:  # refused, reset, closed mid-answer, ...
                 failure, status, body = f'{type(e).__name__}: {e}', None, None
@@ -97,11 +101,11 @@ class HTTPPool:
                 status = resp.status_code
                 failure = f'HTTP {status}: {str(body)[:300]}'
                 if status not in _RETRY_STATUS:
-                    raise ServerRequestError(f'{what}: {failure}', status, body)
+                    raise ServerRequestError(f'{what}: {failure}', status, body, self.base_url)
             if attempt < retries:
                 time.sleep(self.backoff_s * 2 ** attempt)
         raise ServerRequestError(
-            f'{what}: failed {retries + 1} time(s), last: {failure}', status, body)
+            f'{what}: failed {retries + 1} time(s), last: {failure}', status, body, self.base_url)
 
     def map(self, fn: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
         """``[fn(x) for x in items]`` on the pool's threads, results in input order.

@@ -1,9 +1,13 @@
 """Rollouts from an LMDeploy API server over HTTP (``lmdeploy serve api_server``)."""
 
+import glob
+import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from mmengine.logging import print_log
 from torch import nn
 
 from ..registry import ROLLOUT_BACKENDS
@@ -19,6 +23,7 @@ from .lmdeploy_protocol import (
 )
 from .lmdeploy_server import LAUNCH_KEYS, LMDeployServerProcess
 from .lmdeploy_weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
+from .server_pool import NoServerError, Server, ServerPool, is_ready
 
 START_HINT = ('lmdeploy serve api_server MODEL --server-port 23333 --backend pytorch '
               '--logprobs-mode raw_logprobs')
@@ -43,20 +48,33 @@ def _barrier() -> None:
 
 @ROLLOUT_BACKENDS.register_module()
 class LMDeployRolloutBackend(RolloutBackend):
-    """K responses per prompt from an LMDeploy server, with token ids and raw logprobs.
+    """K responses per prompt from one or several LMDeploy servers, with token ids and
+    raw logprobs.
 
     Each response is one token-in/token-out ``POST /generate`` (the endpoint has no
-    ``n``); up to ``max_concurrency`` requests are in flight over kept-alive
-    connections, and results come back in request order. The server must run the
+    ``n``), sent to the ready server with the fewest requests outstanding (up to
+    ``max_concurrency`` per server) over kept-alive connections; results come back in
+    request order. A server that dies or stops answering is taken out and the requests
+    it held go once more to the others (each request yields exactly one result); it is
+    probed again every ``retry_after_s`` and, once healthy, rejoins at the next weight
+    sync (at once when weights never change). See
+    :class:`~gepo_xtuner.rollout.server_pool.ServerPool`. The servers must run the
     PyTorch engine with ``--logprobs-mode raw_logprobs`` (log-softmax of the raw
-    logits, what the training loss compares against). See ``docs/lmdeploy.md``.
+    logits, what the training loss compares against). See ``docs/lmdeploy.md`` and
+    ``docs/cluster.md``.
 
-    Building the backend touches neither the network nor the disk; the server is
+    Building the backend touches neither the network nor the disk; the servers are
     reached (or launched) at :meth:`attach` or the first :meth:`generate`.
 
     Args:
-        server_url: a running server, e.g. ``'http://127.0.0.1:23333'``.
-        launch: start the server as a subprocess instead; keys of
+        server_url: running servers: one URL, a list of URLs, or URLs separated by
+            commas, e.g. ``'http://node1:23333,http://node2:23333'``.
+        address_files: instead, glob pattern(s) of files written by
+            ``tools/slurm_lmdeploy_server.sh`` (one per server job, lines
+            ``GEPO_LMDEPLOY_URL=...`` and ``GEPO_LMDEPLOY_TP=...``). Global rank 0
+            reads them at :meth:`attach` and again at each :meth:`update_weights`,
+            so servers started later join the pool.
+        launch: start one server as a subprocess instead; keys of
             :class:`~gepo_xtuner.rollout.lmdeploy_server.LMDeployServerProcess`:
             ``model_path`` (required), ``host`` ('127.0.0.1'), ``port`` (23333; 0 = any
             free port, single process only), ``backend`` ('pytorch'), ``tp`` (1),
@@ -65,19 +83,24 @@ class LMDeployRolloutBackend(RolloutBackend):
             file), ``startup_timeout_s`` (900), ``command`` (a full argv template with
             ``{model_path}``, ``{host}``, ``{port}``, replacing LMDeploy's command).
             Only global rank 0 launches; the other ranks connect to ``host:port``.
-        max_concurrency: requests in flight at most (per trainer rank).
-        timeout_s: per request; a request without an answer by then fails (no retry).
-        max_retries: retries on connection errors and 5xx answers (never on 4xx).
+        max_concurrency: requests in flight at most, per server and trainer rank.
+        timeout_s: per request; a server that gives no answer by then is taken out
+            and the request goes to another server (with one server: it fails).
+        max_retries: retries on the same server on connection errors and 5xx answers
+            (never on 4xx) before the request moves to another server.
         backoff_s: first wait between retries, doubled each time.
-        weight_sync: how :meth:`update_weights` reaches the server: ``dict(mode=...)``
-            with mode ``'ipc'`` (server on trainer rank 0's GPU; keys ``bucket_bytes``,
-            ``dtype``, ``sleep_level``), ``'nccl'`` (server on other GPUs; keys
-            ``master_address``, ``master_port``, ``group_name``, ``backend``,
-            ``server_tp``, ``bucket_bytes``, ``dtype``, ``timeout_s``), ``'disk'``
-            (``shared_dir``, ``keep``; needs ``launch``: the server is restarted on
-            the saved weights) or ``'none'`` (weights never change, e.g. evaluation).
-            ``None`` (default) makes :meth:`update_weights` raise, so a training run
-            cannot silently sample from stale weights.
+        retry_after_s: how long a server that was taken out waits before the next
+            health probe.
+        weight_sync: how :meth:`update_weights` reaches the servers: ``dict(mode=...)``
+            with mode ``'ipc'`` (one server on trainer rank 0's GPU; keys
+            ``bucket_bytes``, ``dtype``, ``sleep_level``), ``'nccl'`` (servers on other
+            GPUs, one process group per server; keys ``master_address``,
+            ``master_port`` (server ``i`` uses ``master_port + i``), ``group_name``,
+            ``backend``, ``server_tp``, ``bucket_bytes``, ``dtype``, ``timeout_s``),
+            ``'disk'`` (``shared_dir``, ``keep``; needs ``launch``: the server is
+            restarted on the saved weights) or ``'none'`` (weights never change, e.g.
+            evaluation). ``None`` (default) makes :meth:`update_weights` raise, so a
+            training run cannot silently sample from stale weights.
         sleep_wake: with mode ``'ipc'``, put the server to sleep after each
             :meth:`generate` (``POST /sleep``: KV cache freed, weights offloaded at
             ``sleep_level`` 1 or dropped at 2) so training gets the GPU memory, and wake
@@ -88,17 +111,25 @@ class LMDeployRolloutBackend(RolloutBackend):
         ValueError: a bad combination of arguments (the message says which).
     """
 
-    def __init__(self, server_url: str | None = None, launch: dict | None = None,
-                 max_concurrency: int = 64, timeout_s: float = 600.0, max_retries: int = 3,
-                 backoff_s: float = 1.0, weight_sync: dict | None = None,
-                 sleep_wake: bool = True, api_key: str | None = None) -> None:
-        if (server_url is None) == (launch is None):
-            raise ValueError('LMDeployRolloutBackend needs exactly one of server_url (a running '
-                             "server, e.g. 'http://127.0.0.1:23333') or launch (dict(model_path="
-                             f'...) to start one); got server_url={server_url!r}, '
-                             f'launch={launch!r}')
-        if server_url is not None and not str(server_url).startswith(('http://', 'https://')):
-            raise ValueError(f"server_url must start with http:// or https://, got {server_url!r}")
+    def __init__(self, server_url: str | Sequence[str] | None = None,
+                 launch: dict | None = None, max_concurrency: int = 64,
+                 timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 1.0,
+                 weight_sync: dict | None = None, sleep_wake: bool = True,
+                 api_key: str | None = None, address_files: str | Sequence[str] | None = None,
+                 retry_after_s: float = 30.0) -> None:
+        urls = _split_urls(server_url)
+        patterns = [address_files] if isinstance(address_files, str) else \
+            list(address_files or [])
+        given = [name for name, v in (('server_url', urls), ('address_files', patterns),
+                                      ('launch', launch)) if v]
+        if len(given) != 1:
+            raise ValueError('LMDeployRolloutBackend needs exactly one of server_url (running '
+                             "servers, e.g. 'http://127.0.0.1:23333'), address_files (files "
+                             'written by tools/slurm_lmdeploy_server.sh) or launch (dict('
+                             f'model_path=...) to start one); got {given or "none"}')
+        for url in urls:
+            if not url.startswith(('http://', 'https://')):
+                raise ValueError(f'server_url must start with http:// or https://, got {url!r}')
         if launch is not None:
             if not isinstance(launch, dict):
                 raise ValueError(f'launch must be a dict, got {type(launch).__name__}')
@@ -106,10 +137,11 @@ class LMDeployRolloutBackend(RolloutBackend):
             if unknown:
                 raise ValueError(f'launch does not take {sorted(unknown)}; it takes '
                                  f'{sorted(LAUNCH_KEYS)}')
-        if max_concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError('need max_concurrency >= 1, timeout_s > 0, max_retries >= 0 and '
-                             f'backoff_s >= 0; got {max_concurrency}, {timeout_s}, '
-                             f'{max_retries}, {backoff_s}')
+        if max_concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0 \
+                or retry_after_s < 0:
+            raise ValueError('need max_concurrency >= 1, timeout_s > 0, max_retries >= 0, '
+                             f'backoff_s >= 0 and retry_after_s >= 0; got {max_concurrency}, '
+                             f'{timeout_s}, {max_retries}, {backoff_s}, {retry_after_s}')
         self.weight_sync = check_weight_sync(weight_sync)
         mode = (self.weight_sync or {}).get('mode')
         if mode == 'disk' and launch is None:
@@ -117,38 +149,55 @@ class LMDeployRolloutBackend(RolloutBackend):
                 "weight_sync mode 'disk' needs launch=dict(...): LMDeploy has no endpoint that "
                 'loads weights from a path, so the backend restarts the server it launched on '
                 "the saved weights. With server_url use mode 'ipc' or 'nccl' (or 'none').")
+        if mode == 'ipc' and (len(urls) > 1 or patterns):
+            raise ValueError("weight_sync mode 'ipc' reaches one server on trainer rank 0's GPU; "
+                             "several servers (or address_files) need mode 'nccl'")
         if mode == 'ipc' and launch is not None and int(launch.get('tp', 1)) != 1:
             raise ValueError("weight_sync mode 'ipc' shares trainer rank 0's GPU memory, so the "
                              f"server must run with tp=1 (got launch.tp={launch['tp']}); use "
                              "mode 'nccl' for a multi-GPU server")
-        self.server_url = None if server_url is None else str(server_url).rstrip('/')
+        self.server_urls = urls
+        self.server_url = urls[0] if len(urls) == 1 else None
+        self.address_files = patterns
         self.server = None if launch is None else LMDeployServerProcess(**launch)
         self.max_concurrency = int(max_concurrency)
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
+        self.retry_after_s = float(retry_after_s)
         self.sleep_wake = bool(sleep_wake) and mode == 'ipc'
         self.api_key = api_key
         self.tokenizer: Any = None
         self.num_updates = 0
-        self._pool: HTTPPool | None = None
-        self._nccl: NCCLWeightSync | None = None
+        self._pool: ServerPool | None = None
+        self._server_tp: dict[str, int] = {}  # from address files
+        self._nccl: dict[int, NCCLWeightSync] = {}  # server index -> its weight-sync group
+        self._renewals: dict[int, int] = {}  # server index -> groups dropped so far
         self._asleep = False
         self._updated_since_sleep = True
 
     @property
     def url(self) -> str:
-        """The server's address (for a launched server, known once it started)."""
-        return self.server_url if self.server is None else self.server.url
+        """The (first) server's address (for a launched server, known once it started)."""
+        if self.server is not None:
+            return self.server.url
+        if self._pool is not None:
+            return ', '.join(self._pool.urls)
+        return ', '.join(self.server_urls or self.address_files)
+
+    @property
+    def _http(self) -> HTTPPool:
+        """The connection pool of the first server (the single-server modes' server)."""
+        return self._pool.servers[0].http
 
     # ----------------------------------------------------------------- lifecycle
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
-        """Keeps the tokenizer (saved with disk weight sync) and reaches the server."""
+        """Keeps the tokenizer (saved with disk weight sync) and reaches the servers."""
         self.tokenizer = tokenizer
         self._ensure_server()
 
     def _ensure_server(self) -> None:
-        """Launches (rank 0) or checks the server once; every rank calls it at the same point."""
+        """Launches (rank 0) or checks the servers once; every rank calls it at the same point."""
         if self._pool is not None:
             return
         if self.server is not None:
@@ -158,31 +207,67 @@ class LMDeployRolloutBackend(RolloutBackend):
             if _rank() == 0:
                 self.server.start()
             _barrier()
-        headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
-        pool = HTTPPool(self.url, self.max_concurrency, self.timeout_s, self.max_retries,
-                        self.backoff_s, headers)
-        if self.server is None:
-            try:
-                pool.request('GET', '/health', timeout_s=min(self.timeout_s, 30.0))
-            except ServerRequestError as e:
-                pool.close()
+        urls = [self.server.url] if self.server is not None else self.server_urls
+        if self.address_files:
+            found = None
+            if _rank() == 0:
+                try:
+                    found = self._read_address_files()
+                except LMDeployServerError as e:  # raised on every rank, not only here
+                    found = str(e)
+            urls = _broadcast(found)
+            if isinstance(urls, str):
+                raise LMDeployServerError(urls)
+            if not urls:
                 raise LMDeployServerError(
-                    f'no healthy LMDeploy server at {self.url} ({e}); start one, e.g. '
-                    f'`{START_HINT}`, or fix server_url') from e
+                    f'no LMDeploy server address in {self.address_files}: start servers with '
+                    'tools/slurm_lmdeploy_server.sh (LMDEPLOY_ADDR_FILE=one file per job, '
+                    'matching the pattern) and wait until they wrote their files')
+        headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
+        mode = (self.weight_sync or {}).get('mode')
+        pool = ServerPool(urls, self.max_concurrency, self.timeout_s, self.max_retries,
+                          self.backoff_s, headers, self.retry_after_s,
+                          track_weights=mode not in (None, 'none'))
+        for s in pool.servers:  # all start on the weights the trainer starts from
+            pool.mark_synced(s, pool.version)
+        if self.server is None:
+            for s in pool.servers:
+                ok, why = is_ready(s.http, min(self.timeout_s, 30.0))
+                if not ok:
+                    pool.mark_out(s, why)
+            if not pool.ready_servers():
+                pool.close()
+                raise LMDeployServerError(pool.describe_out(
+                    f'no healthy LMDeploy server at {self.url}') + '\nStart one, e.g. '
+                    f'`{START_HINT}`, or fix server_url / address_files')
         self._pool = pool
-        if (self.weight_sync or {}).get('mode') == 'nccl':
-            self._nccl = NCCLWeightSync(pool, self.weight_sync)
+
+    def _read_address_files(self) -> list[str]:
+        """Server URLs of the address files (known ones first, new ones in name order)."""
+        known = list(self._pool.urls) if self._pool is not None else []
+        found = []
+        for pattern in self.address_files:
+            for path in sorted(glob.glob(pattern)):
+                url, tp = read_address_file(path)
+                self._server_tp[url] = tp
+                found.append(url)
+        return known + [u for u in dict.fromkeys(found) if u not in known]
 
     def close(self) -> None:
-        """Closes connections, tears down the NCCL group and stops a launched server."""
-        if self._nccl is not None:
-            self._nccl.close()
-            self._nccl = None
+        """Closes connections, tears down the NCCL groups and stops a launched server."""
+        for sync in self._nccl.values():
+            sync.close()
+        self._nccl.clear()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         if self.server is not None:
             self.server.close()
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Per-server figures since the last call (``rollout/server/<i>/...``, see
+        :meth:`~gepo_xtuner.rollout.server_pool.ServerPool.pop_metrics`)."""
+        return {} if self._pool is None else self._pool.pop_metrics()
 
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
@@ -193,8 +278,8 @@ class LMDeployRolloutBackend(RolloutBackend):
         also with no requests, because the server sleeps once all ranks are done.
 
         Raises:
-            LMDeployServerError: a request failed for good; the message names the
-                server, the failure and what to check.
+            LMDeployServerError: a request failed for good, or no server is left; the
+                message names the server, the failure and what to check.
         """
         self._ensure_server()
         if self.sleep_wake:
@@ -203,9 +288,13 @@ class LMDeployRolloutBackend(RolloutBackend):
             _barrier()
         payloads = [build_generate_payload(r, params) for r in requests for _ in range(params.n)]
         try:
-            flat = self._pool.map(self._generate_one, payloads) if payloads else []
+            flat = self._pool.map(_generate_one, payloads,
+                                  size=lambda s: len(s.response_ids))
         except ServerRequestError as e:
             raise LMDeployServerError(self._explain(e)) from e
+        except NoServerError as e:
+            raise LMDeployServerError(f'{e}\nCheck that the servers run and that this machine '
+                                      'reaches them (curl URL/health).') from e
         except LMDeployProtocolError as e:
             raise LMDeployServerError(f'LMDeploy server {self.url}, POST /generate: {e}') from e
         if self.sleep_wake:
@@ -213,9 +302,6 @@ class LMDeployRolloutBackend(RolloutBackend):
             if _rank() == 0:
                 self._sleep()
         return group_samples(flat, params.n)
-
-    def _generate_one(self, payload: dict) -> RolloutSample:
-        return parse_generate_response(self._pool.request('POST', '/generate', json=payload))
 
     def _explain(self, e: ServerRequestError) -> str:
         """The error, plus what to check: a known fix, or where to look."""
@@ -228,7 +314,9 @@ class LMDeployRolloutBackend(RolloutBackend):
             parts.append(f'Server log {self.server.log_file} ends with:\n{self.server.log_tail()}')
         elif e.status is None:
             parts.append(f'Check that the server runs and that this machine reaches it '
-                         f'(curl {self.url}/health).')
+                         f'(curl {e.url or self.url}/health).')
+        if self._pool is not None and len(self._pool.servers) > 1:
+            parts.append(self._pool.describe_out('Servers'))
         return '\n'.join(parts)
 
     # ------------------------------------------------------------ sleep / wake
@@ -250,20 +338,24 @@ class LMDeployRolloutBackend(RolloutBackend):
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            return self._pool.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except ServerRequestError as e:
             raise LMDeployServerError(self._explain(e)) from e
 
     # ------------------------------------------------------------- weight sync
     def update_weights(self, model: nn.Module) -> None:
-        """Makes the server sample from ``model``'s current weights (see ``weight_sync``).
+        """Makes every server sample from ``model``'s current weights (see ``weight_sync``).
 
-        Only global rank 0 talks to the server; every rank calls this and waits at a
-        barrier until the server has the new weights. ``model`` must hold full
-        (unsharded) parameters on rank 0, under Hugging Face names.
+        Only global rank 0 talks to the servers; every rank calls this and waits until
+        rank 0 has pushed to every ready server (with address files, also to servers
+        that appeared since). Servers that were out and answer healthy again get the
+        weights and rejoin; a server the push fails on is taken out, on every rank.
+        ``model`` must hold full (unsharded) parameters on rank 0, under Hugging Face
+        names (DDP, DeepSpeed ZeRO-1/2; not ZeRO-3).
 
         Raises:
-            LMDeployServerError: no ``weight_sync`` configured, or the server refused.
+            LMDeployServerError: no ``weight_sync`` configured, the single server
+                refused, or no server took the weights.
         """
         if self.weight_sync is None:
             raise LMDeployServerError(
@@ -274,14 +366,91 @@ class LMDeployRolloutBackend(RolloutBackend):
         mode = self.weight_sync['mode']
         if mode == 'none':
             return
+        if any(hasattr(p, 'ds_id') for p in model.parameters()):  # on every rank: none hangs
+            raise LMDeployServerError(
+                'the policy is partitioned by DeepSpeed ZeRO-3: each rank holds a shard of '
+                'every parameter, and pushing shards to LMDeploy servers is not supported; '
+                'train with ZeRO-2 (full parameters on every rank) or DDP, see docs/cluster.md')
         self._ensure_server()
+        pool = self._pool
+        version = pool.version + 1
+        report = None
         if _rank() == 0:
-            try:
-                self._push(model, mode)
-            except ServerRequestError as e:
-                raise LMDeployServerError(self._explain(e)) from e
+            if mode == 'nccl':
+                report = self._push_all(model, version)
+            else:
+                try:
+                    self._push(model, mode)
+                except ServerRequestError as e:
+                    raise LMDeployServerError(self._explain(e)) from e
+                report = {'urls': pool.urls, 'synced': {0: version}, 'out': {}}
+        report = _broadcast(report)
+        for url in report['urls'][len(pool.servers):]:
+            pool.add(url)
+        pool.version = version
+        for i, s in enumerate(pool.servers):
+            if i in report['synced']:
+                pool.mark_synced(s, report['synced'][i])
+            else:
+                pool.mark_out(s, report['out'].get(i, s.reason or 'missed a weight sync'))
         self.num_updates += 1
-        _barrier()
+        if not pool.ready_servers():
+            raise LMDeployServerError(pool.describe_out(
+                f'weight sync {version} reached no LMDeploy server'))
+
+    def _push_all(self, model: nn.Module, version: int) -> dict:
+        """Rank 0, mode nccl: the new weights to every server that is up (one group each).
+
+        Returns:
+            ``urls`` (the pool's servers, new ones from the address files last),
+            ``synced`` (index -> version pushed) and ``out`` (index -> why not).
+        """
+        pool = self._pool
+        if self.address_files:
+            try:
+                for url in self._read_address_files()[len(pool.servers):]:
+                    pool.add(url)
+            except LMDeployServerError as e:  # the other ranks wait: keep the known servers
+                print_log(f'{e}; no new servers this step', logger='current',
+                          level=logging.WARNING)
+        synced, out = {}, {}
+        for s in pool.servers:
+            if not s.ready:  # out, or new: only a server that answers healthy gets weights
+                self._drop_group(s)  # it may have restarted: its side of the group is gone
+                ok, why = is_ready(s.http, min(self.timeout_s, 30.0))
+                if not ok:
+                    out[s.index] = why
+                    continue
+            try:
+                self._nccl_for(s).push(model)
+            except (ServerRequestError, RuntimeError) as e:
+                out[s.index] = f'weight sync failed: {e}'
+                self._drop_group(s)
+                continue
+            synced[s.index] = version
+        return {'urls': pool.urls, 'synced': synced, 'out': out}
+
+    def _nccl_for(self, server: Server) -> NCCLWeightSync:
+        """The weight-sync group of ``server`` (a new one after it was out)."""
+        sync = self._nccl.get(server.index)
+        if sync is None:
+            cfg = dict(self.weight_sync)
+            base = cfg.get('group_name', 'gepo_weight_sync')
+            renewed = self._renewals.get(server.index, 0)
+            # Names and ports never repeat: the server side of a lost group may linger.
+            if server.index or renewed:
+                cfg['group_name'] = f'{base}_{server.index}_{renewed}'
+            if cfg.get('master_port') is not None:
+                cfg['master_port'] = None if renewed else int(cfg['master_port']) + server.index
+            cfg.setdefault('server_tp', self._server_tp.get(server.url, 1))
+            sync = self._nccl[server.index] = NCCLWeightSync(server.http, cfg)
+        return sync
+
+    def _drop_group(self, server: Server) -> None:
+        sync = self._nccl.pop(server.index, None)
+        if sync is not None:
+            sync.close()
+            self._renewals[server.index] = self._renewals.get(server.index, 0) + 1
 
     def state_dict(self) -> dict[str, Any]:
         """The weight-update counter (it numbers the ``'disk'`` mode's weight files)."""
@@ -298,15 +467,58 @@ class LMDeployRolloutBackend(RolloutBackend):
                     "the model's parameters are on CPU; use mode 'nccl' or 'disk'")
             if self._asleep:
                 self._wake(['weights'])
-            push_ipc(self._pool, model, self.weight_sync)
+            push_ipc(self._http, model, self.weight_sync)
             self._updated_since_sleep = True
             if self._asleep:
                 self._wake(['kv_cache'])
-        elif mode == 'nccl':
-            self._nccl.push(model)
         elif mode == 'disk':
             path = save_weights(model, self.tokenizer, self.weight_sync['shared_dir'],
                                 self.num_updates + 1, base_model=self.server.model_path,
                                 keep=int(self.weight_sync.get('keep', 2)))
             self.server.stop()
             self.server.start(str(path))
+
+
+def _generate_one(http: HTTPPool, payload: dict) -> RolloutSample:
+    return parse_generate_response(http.request('POST', '/generate', json=payload))
+
+
+def _split_urls(server_url: str | Sequence[str] | None) -> list[str]:
+    """``'a,b'``, ``['a', 'b']`` or ``'a'`` as a list of URLs without trailing slashes."""
+    if server_url is None:
+        return []
+    items = server_url.split(',') if isinstance(server_url, str) else list(server_url)
+    return [str(u).strip().rstrip('/') for u in items if str(u).strip()]
+
+
+def read_address_file(path: str | Path) -> tuple[str, int]:
+    """``(url, tp)`` from a file of ``tools/slurm_lmdeploy_server.sh``.
+
+    Raises:
+        LMDeployServerError: a line other than ``GEPO_LMDEPLOY_URL=http(s)://...`` or
+            ``GEPO_LMDEPLOY_TP=N``, or no URL line.
+    """
+    url, tp = None, 1
+    for line in Path(path).read_text().splitlines():
+        key, _, value = line.strip().partition('=')
+        if not line.strip():
+            continue
+        if key == 'GEPO_LMDEPLOY_URL' and value.startswith(('http://', 'https://')):
+            url = value.rstrip('/')
+        elif key == 'GEPO_LMDEPLOY_TP' and value.isdigit() and int(value) > 0:
+            tp = int(value)
+        else:
+            raise LMDeployServerError(f'{path}: unexpected line {line!r} (expected '
+                                      'GEPO_LMDEPLOY_URL=http://HOST:PORT or GEPO_LMDEPLOY_TP=N)')
+    if url is None:
+        raise LMDeployServerError(f'{path} has no GEPO_LMDEPLOY_URL=http://HOST:PORT line')
+    return url, tp
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (no-op in one process)."""
+    if _world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -29,7 +29,8 @@ Test hooks (in-thread use): ``fail_next`` (HTTP statuses to answer the next
 
 Run as a server: ``python -m tests.test_rollout.protocol_double MODEL_DIR
 --server-name 127.0.0.1 --server-port 23333 --logprobs-mode raw_logprobs`` (the
-flags of ``lmdeploy serve api_server`` that the backend's launch command uses).
+flags of ``lmdeploy serve api_server`` that the backend's launch command uses; and
+``--delay-s``, the ``delay_s`` test hook).
 """
 
 import argparse
@@ -75,6 +76,12 @@ def _error(status: int, message: str) -> _Reply:
                                         code=status).model_dump())
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # uvicorn's listen backlog: the stdlib's 5 resets connections when a client opens
+    # dozens at once, which LMDeploy's server does not.
+    request_queue_size = 2048
+
+
 class LMDeployProtocolDouble:
     """The protocol double's state: model, sleep state, weight groups, test hooks.
 
@@ -105,7 +112,7 @@ class LMDeployProtocolDouble:
         self._model_lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(0)
         self.connections: set[socket.socket] = set()
-        self.httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self.httpd = _HTTPServer((host, port), _handler_for(self))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -397,10 +404,12 @@ def main() -> None:
     parser.add_argument('--logprobs-mode', default=None, choices=['raw_logprobs'])
     parser.add_argument('--backend', default='pytorch')  # accepted, as LMDeploy's CLI
     parser.add_argument('--tp', type=int, default=1)
+    parser.add_argument('--delay-s', type=float, default=0.0, help='test hook: delay_s')
     args = parser.parse_args()
     torch.set_num_threads(1)
     double = LMDeployProtocolDouble(args.model_path, args.server_name, args.server_port,
                                     args.logprobs_mode)
+    double.delay_s = args.delay_s
     print(f'LMDeployProtocolDouble serving {args.model_path} at {double.url}', flush=True)
     double.httpd.serve_forever()
 

@@ -116,7 +116,7 @@ def test_nccl_protocol_with_gloo_broadcast(tiny_model_dir, tmp_path):
             _perturb(model, seed)
             backend.update_weights(model)
             assert _generated(backend) == _expected(model, tok)
-        assert backend._nccl.group is not None
+        assert backend._nccl[0].group is not None
     finally:
         backend.close()
         server.close()
