@@ -106,7 +106,8 @@ def test_zero_run_equals_ddp_and_resumes_exactly(tmp_path, tiny_dir, deepspeed_d
     finally:
         sys.path.remove(str(deepspeed_deps))
     full, part = _client_state(work / 'iter_3.pth'), _client_state(resumed / 'iter_3.pth')
-    assert full['gepo_xtuner/advantage_state'] == part['gepo_xtuner/advantage_state']
+    full, part = full['gepo_xtuner/rl_loop'], part['gepo_xtuner/rl_loop']
+    assert full['advantage'] == part['advantage'] and full['advantage']['state']
     assert _learning(scalars(resumed)[3]) == pytest.approx(_learning(scalars(work)[3]), abs=1e-9,
                                                            nan_ok=True)
 
