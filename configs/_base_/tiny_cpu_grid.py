@@ -1,0 +1,22 @@
+# The method-comparison testbed (tools/run_experiments.py, docs/experiments.md): the built-in
+# CPU setting (configs/_base_/tiny_cpu.py: warm-started char-level Qwen2, copy/add/sort/mul)
+# with a shorter, sharper RL schedule, so that one run takes a few minutes on ONE core and
+# moves the hard domains clearly. Experiment configs (configs/experiments/) add one algorithm
+# base and wire its `advantage`, `policy_loss` and micro-batch budget in, as the paper configs do.
+_base_ = ['./tiny_cpu.py']
+
+train_dataloader = dict(batch_size=32)  # B: 32 prompts per step ...
+train_cfg = dict(
+    max_steps=120,
+    num_responses=8,  # ... x K = 8 responses
+    minibatch_size=64,  # 4 optimizer steps per RL step
+    # all 800 held-out prompts (200 per domain), 4 samples each at temperature 1.0 (avg@4)
+    val=dict(interval=20))
+
+model = dict(kl_coef=0.1)
+optim_wrapper = dict(optimizer=dict(lr=3e-4))
+# a checkpoint every 20 steps: a killed run loses at most 20 steps when resumed
+default_hooks = dict(checkpoint=dict(interval=20))
+# Adam's first updates have full size lr on every weight, signal or noise: a linear warm-up
+# over the first 20 RL steps keeps them from knocking the warm start off course
+param_scheduler = [dict(type='LinearLR', start_factor=0.05, by_epoch=False, begin=0, end=20)]
