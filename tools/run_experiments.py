@@ -44,6 +44,10 @@ from gepo_xtuner.analysis.experiments import (load_history, plot_figures,  # noq
 METHODS = ('grpo', 'aepo', 'clip_cov', 'kl_cov', 'gepo', 'gepo_wo_low', 'gepo_wo_high',
            'gepo_symmetric')
 CONFIG_DIR = ROOT / 'configs' / 'experiments'
+#: The testbed's warm start: the default recipe of gepo_xtuner.model.tiny.warm_start, with a
+#: share of each domain's demonstrations showing a systematic mistake (the answer reversed)
+#: that the verifiable reward can train away: a learning signal RL can find within minutes.
+WARM_START = dict(noise={'copy': 0.1, 'sort': 0.2, 'add': 0.3, 'mul': 0.4})
 THREAD_VARS = ('OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'OPENBLAS_NUM_THREADS')
 _PROGRESS = re.compile(r'Iter\(train\) \[\s*(\d+)/(\d+)\]')
 
@@ -63,10 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='runs go to WORK_DIR/<method>/seed<S>/ (default: %(default)s)')
     parser.add_argument('--report-dir', type=Path, default=None,
                         help='where results.md and the figures go (default: WORK_DIR/report)')
-    parser.add_argument('--tiny-dir', type=Path, default=ROOT / 'work_dirs' / 'tiny_cpu',
-                        help='warm-started policy and task files; prepared with the defaults '
-                             'of tools/prepare_tiny_cpu.py when it holds no model '
-                             '(default: %(default)s)')
+    parser.add_argument('--tiny-dir', type=Path, default=None,
+                        help='a prepared policy and task files to use as they are (default: '
+                             'the testbed\'s warm start, prepared and cached in '
+                             'work_dirs/tiny_cpu_grid)')
     parser.add_argument('--cfg-options', nargs='+', default=[], metavar='KEY=VALUE',
                         help='passed to every run (e.g. smaller batches for a smoke test)')
     parser.add_argument('--report-only', action='store_true',
@@ -129,15 +133,22 @@ def config_steps(method: str, cfg_options: list[str]) -> int:
     return int(cfg.train_cfg.max_steps)
 
 
-def ensure_tiny(tiny_dir: Path) -> dict | None:
-    """The warm start's report (None for a model without one), preparing the default warm
-    start (tools/prepare_tiny_cpu.py) if ``tiny_dir`` holds no model."""
+def ensure_tiny(tiny_dir: Path | None) -> tuple[Path, dict | None]:
+    """The policy directory and its warm-start report (None for a model without one).
+
+    Without ``tiny_dir``: the testbed's warm start (:data:`WARM_START`), trained once and
+    cached in ``work_dirs/tiny_cpu_grid`` (what ``tools/prepare_tiny_cpu.py --out
+    work_dirs/tiny_cpu_grid --noise copy=0.1 sort=0.2 add=0.3 mul=0.4`` writes).
+    """
     from gepo_xtuner.model.tiny import read_warm_start_report, warm_start
-    if not (tiny_dir / 'model' / 'config.json').exists():
-        print(f'no policy in {tiny_dir}: preparing the default warm start (cached)', flush=True)
-        warm_start(tiny_dir, progress=lambda line: print(line, flush=True))
+    if tiny_dir is None:
+        tiny_dir = ROOT / 'work_dirs' / 'tiny_cpu_grid'
+        warm_start(tiny_dir, progress=lambda line: print(line, flush=True), **WARM_START)
+    elif not (tiny_dir / 'model' / 'config.json').exists():
+        raise SystemExit(f'--tiny-dir {tiny_dir} holds no model: prepare one with '
+                         'tools/prepare_tiny_cpu.py --out DIR, or leave --tiny-dir out')
     report = tiny_dir / 'model' / 'warm_start.json'
-    return read_warm_start_report(tiny_dir / 'model') if report.exists() else None
+    return tiny_dir, read_warm_start_report(tiny_dir / 'model') if report.exists() else None
 
 
 def start(run: Run, args: argparse.Namespace) -> None:
@@ -260,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = {m: args.steps or config_steps(m, args.cfg_options) for m in args.methods}
     runs = [Run(m, s, args.work_dir / m / f'seed{s}', steps[m])
             for m in args.methods for s in range(args.seeds)]
-    warm = ensure_tiny(args.tiny_dir)
+    args.tiny_dir, warm = ensure_tiny(args.tiny_dir)
     wall = None
     failed = []
     if not args.report_only:
