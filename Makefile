@@ -7,7 +7,7 @@ TINY_DIR ?= work_dirs/tiny_cpu
 DEMO_WORK_DIR ?= work_dirs/gepo_tiny_cpu
 ANALYSIS_DIR ?= work_dirs/demo_analysis
 
-.PHONY: demo demo-analysis test test-all bench clean-venv
+.PHONY: demo demo-analysis experiments test test-all bench clean-venv
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 required"'
@@ -34,6 +34,14 @@ demo: $(STAMP)
 demo-analysis: $(STAMP)
 	$(PY) tools/make_sample_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl
 	$(PY) tools/analyze_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl --out $(ANALYSIS_DIR)
+
+# The paper's method comparison in miniature (docs/experiments.md): GEPO, GRPO, AEPO, Clip-Cov,
+# KL-Cov and the three ablations x 3 seeds on the CPU testbed, 2 runs at once on one thread each,
+# resumable (run it again after an interruption); report in work_dirs/experiments/report/.
+# Options: make experiments EXPERIMENTS_ARGS='--methods gepo grpo --seeds 2 --jobs 4'
+EXPERIMENTS_ARGS ?=
+experiments: $(STAMP)
+	$(PY) tools/run_experiments.py $(EXPERIMENTS_ARGS)
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(PY) -m pytest -m "not slow"

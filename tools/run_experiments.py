@@ -269,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or args.jobs < 1 or args.threads < 1:
         raise SystemExit('--seeds, --jobs and --threads must be >= 1')
     steps = {m: args.steps or config_steps(m, args.cfg_options) for m in args.methods}
+    # seed-major: an interrupted grid has every method at the same number of seeds
     runs = [Run(m, s, args.work_dir / m / f'seed{s}', steps[m])
-            for m in args.methods for s in range(args.seeds)]
+            for s in range(args.seeds) for m in args.methods]
     args.tiny_dir, warm = ensure_tiny(args.tiny_dir)
     wall = None
     failed = []
