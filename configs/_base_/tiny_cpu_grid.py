@@ -10,11 +10,11 @@ _base_ = ['./tiny_cpu.py']
 
 train_dataloader = dict(batch_size=32)  # B: 32 prompts per step ...
 train_cfg = dict(
-    max_steps=120,
+    max_steps=80,
     num_responses=8,  # ... x K = 8 responses
     minibatch_size=64,  # 4 optimizer steps per RL step
-    # all 800 held-out prompts (200 per domain), 4 samples each at temperature 1.0 (avg@4)
-    val=dict(interval=20))
+    # all 800 held-out prompts (200 per domain), 2 samples each at temperature 1.0 (avg@2)
+    val=dict(interval=20, n=2))
 
 # KL to the warm start 0.1 (0.3 in the demo): the warm start's habit is what RL must unlearn
 model = dict(kl_coef=0.1)

@@ -86,3 +86,27 @@ def test_unknown_method_is_refused_with_the_choices(tiny, tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode != 0
     assert "no config for ['ppo']" in proc.stderr and 'gepo_wo_low' in proc.stderr
+
+
+@pytest.mark.parametrize('method', ['grpo', 'aepo', 'clip_cov', 'kl_cov', 'gepo', 'gepo_wo_low',
+                                    'gepo_wo_high', 'gepo_symmetric'])
+def test_each_experiment_is_its_algorithm_base_on_the_testbed(method):
+    """The grid compares the algorithms exactly as configs/_base_/algorithms/ define them."""
+    from mmengine.config import Config
+
+    from gepo_xtuner.registry import ADVANTAGES, POLICY_LOSSES
+    cfg = Config.fromfile(str(ROOT / 'configs' / 'experiments' / f'{method}.py'))
+    algo = Config.fromfile(str(ROOT / 'configs' / '_base_' / 'algorithms' / f'{method}.py'))
+    assert cfg.train_cfg.advantage == algo.advantage
+    # the algorithm base's loss; the testbed adds only the token-mean aggregation where the
+    # base leaves it to the loss's default
+    assert cfg.model.policy_loss == {'agg': 'token-mean', **algo.policy_loss}
+    assert cfg.train_cfg.max_tokens_per_micro_batch == algo.micro_batch_tokens
+    ADVANTAGES.build(cfg.train_cfg.advantage)
+    POLICY_LOSSES.build(cfg.model.policy_loss)
+    grid = Config.fromfile(str(ROOT / 'configs' / 'experiments' / 'grpo.py'))
+    for key in ('train_dataloader', 'optim_wrapper', 'param_scheduler', 'randomness'):
+        assert cfg[key] == grid[key], key  # everything but the algorithm is shared
+    assert {k: v for k, v in cfg.train_cfg.items() if k not in ('advantage',
+            'max_tokens_per_micro_batch')} == {k: v for k, v in grid.train_cfg.items() if k not in
+                                               ('advantage', 'max_tokens_per_micro_batch')}
