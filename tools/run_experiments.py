@@ -164,10 +164,9 @@ def start(run: Run, args: argparse.Namespace) -> None:
     run.resumed_from = run.checkpoint()
     if run.resumed_from:
         cmd += ['--resume', run.resumed_from]
-    with open(run.log, 'a') as log:
+    with open(run.log, 'a') as log:  # the child keeps its own handle on the file
         log.write(f'\n# {time.strftime("%Y-%m-%d %H:%M:%S")}: {shlex.join(cmd)}\n')
-    # the child owns its log file handle; ours closes at once
-    with open(run.log, 'a') as log:
+        log.flush()
         run.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     run.started = time.time()
@@ -239,7 +238,7 @@ def report(runs: list[Run], args: argparse.Namespace, warm: dict, wall: float | 
         f'- command: `{command}`',
         f'- runs: {sum(len(v) for v in histories.values())} finished of {len(runs)}'
         + (f' (missing: {", ".join(missing)})' if missing else ''),
-        f'- seeds per method: ' + ', '.join(f'{m} {seeds[m]}' for m in histories),
+        '- seeds per method: ' + ', '.join(f'{m} {seeds[m]}' for m in histories),
         f'- machine: {platform.machine()}, {os.cpu_count()} CPU cores, {args.jobs} runs at '
         f'once, {args.threads} thread(s) each; Python {platform.python_version()}',
     ]

@@ -1,4 +1,5 @@
-# GEPO ablation w/o asymmetric shaping (alpha_low = alpha_high = 0.2) on the method-comparison testbed
+# GEPO ablation w/o asymmetric shaping (alpha_low = alpha_high = 0.2) on the
+# method-comparison testbed
 # (configs/_base_/tiny_cpu_grid.py; tools/run_experiments.py runs it over seeds).
 _base_ = ['../_base_/tiny_cpu_grid.py', '../_base_/algorithms/gepo_symmetric.py']
 
