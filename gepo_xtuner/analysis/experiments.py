@@ -15,6 +15,9 @@ Per run (:func:`summarize_run`):
   optimistic by construction, ``final`` is not);
 * ``oscillation``: mean absolute change of ``val/acc`` between consecutive validations;
 * ``late_drop``: ``best - final`` of the mean (0 when the last validation is the best);
+* ``gain_min`` and ``gain_spread``: the smallest per-domain gain ``final - start`` and the
+  standard deviation of the gains across domains (0 when every domain gained the same:
+  the paper's "balanced improvements");
 * policy entropy over the last quarter of steps and its maximum over the run;
 * per-domain group entropy over the last quarter of steps, and its ``spread``: the standard
   deviation across domains (0 when every domain sits at the same entropy level).
@@ -78,12 +81,20 @@ def _tail_mean(history: Sequence[dict], key: str) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def _spread(values: Sequence[float]) -> float:
+    """Population standard deviation (NaN for no values)."""
+    if not values:
+        return math.nan
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean)**2 for v in values) / len(values))
+
+
 def summarize_run(history: Sequence[dict]) -> dict:
     """One run's numbers for the tables (see the module docstring).
 
     Returns:
         ``{"domains", "start", "final", "best", "best_step", "final_step", "oscillation",
-        "late_drop", "entropy_policy_tail", "entropy_policy_max", "group_entropy_tail",
+        "late_drop", "gain_min", "gain_spread", "entropy_policy_tail", "entropy_policy_max", "group_entropy_tail",
         "group_entropy_spread"}``; ``start``/``final``/``best`` map each domain and
         ``"avg"`` to an accuracy.
 
@@ -107,18 +118,17 @@ def summarize_run(history: Sequence[dict]) -> dict:
     steps = [_num(r.get('entropy/policy')) for r in history if r.get('step', 0) > 0]
     steps = [v for v in steps if not math.isnan(v)]
     group = {d: _tail_mean(history, f'entropy/group/{d}') for d in domains}
-    levels = [v for v in group.values() if not math.isnan(v)]
-    spread = (math.sqrt(sum((v - sum(levels) / len(levels))**2 for v in levels) / len(levels))
-              if levels else math.nan)
+    gains = [final[d] - accs(val[0])[d] for d in domains]
     return dict(
         domains=domains, start=accs(val[0]), final=final, best=best,
         best_step=int(best_row['step']), final_step=int(val[-1]['step']),
         oscillation=(sum(abs(b - a) for a, b in zip(avgs, avgs[1:])) / (len(avgs) - 1)
                      if len(avgs) > 1 else math.nan),
-        late_drop=best['avg'] - final['avg'],
+        late_drop=best['avg'] - final['avg'], gain_min=min(gains), gain_spread=_spread(gains),
         entropy_policy_tail=_tail_mean(history, 'entropy/policy'),
         entropy_policy_max=max(steps) if steps else math.nan,
-        group_entropy_tail=group, group_entropy_spread=spread)
+        group_entropy_tail=group,
+        group_entropy_spread=_spread([v for v in group.values() if not math.isnan(v)]))
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -229,17 +239,21 @@ def results_markdown(summaries: dict[str, list[dict]], methods: Sequence[str],
         out.append('')
     out += ['## Curves and entropy (Figures 3-5 in numbers), mean ± std over seeds\n',
             '`oscillation`: mean |change| of the average validation accuracy between '
-            'consecutive validations; `late drop`: best - final average; policy entropy over '
+            'consecutive validations; `late drop`: best - final average; `min gain` and '
+            '`gain spread`: the smallest per-domain gain (final - before RL) and the standard '
+            'deviation of the gains across domains (low = balanced); policy entropy over '
             'the last quarter of steps and its maximum; group entropy per domain over the last '
             'quarter of steps, and `spread`: its standard deviation across domains (low = '
             'homogenised levels).\n']
-    head = ['method', 'oscillation', 'late drop', 'policy H (end)', 'policy H (max)',
+    head = ['method', 'oscillation', 'late drop', 'min gain', 'gain spread', 'policy H (end)',
+            'policy H (max)',
             *[f'group H {d}' for d in domains], 'spread']
     out += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for m in methods:
         s = summaries[m]
         cells = [_fmt(*mean_std([r[k] for r in s])) for k in
-                 ('oscillation', 'late_drop', 'entropy_policy_tail', 'entropy_policy_max')]
+                 ('oscillation', 'late_drop', 'gain_min', 'gain_spread', 'entropy_policy_tail',
+                 'entropy_policy_max')]
         cells += [_fmt(*mean_std([r['group_entropy_tail'][d] for r in s])) for d in domains]
         cells.append(_fmt(*mean_std([r['group_entropy_spread'] for r in s])))
         out.append('| ' + ' | '.join([label(m), *cells]) + ' |')

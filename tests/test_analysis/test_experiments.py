@@ -33,6 +33,8 @@ def test_summary_picks_best_and_final_validation_and_measures_curves():
     assert s['final'] == pytest.approx({'add': 0.5, 'mul': 0.1, 'avg': 0.3})
     assert (s['best_step'], s['final_step']) == (4, 8)
     assert s['late_drop'] == pytest.approx(0.2)
+    assert s['gain_min'] == pytest.approx(0.1)  # add +0.3, mul +0.1
+    assert s['gain_spread'] == pytest.approx(0.1)
     assert s['oscillation'] == pytest.approx((0.4 + 0.2) / 2)
     # last quarter of 8 steps: steps 7 and 8
     assert s['entropy_policy_tail'] == pytest.approx(0.75)
