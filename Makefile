@@ -21,7 +21,7 @@ XTUNER_V1_TEST_DEPS := $(if $(XTUNER_V1_WHEEL),$(XTUNER_V1_DEPS)/.installed)
 # ... and then its tests fail instead of skipping when the overlay cannot be used
 V1_REQUIRED := $(if $(XTUNER_V1_WHEEL),GEPO_REQUIRE_XTUNER_V1=1)
 
-.PHONY: demo demo-analysis test test-all bench clean-venv
+.PHONY: demo demo-analysis experiments test test-all bench clean-venv
 
 $(STAMP): setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 required"'
@@ -48,6 +48,14 @@ demo: $(STAMP)
 demo-analysis: $(STAMP)
 	$(PY) tools/make_sample_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl
 	$(PY) tools/analyze_rollouts.py $(ANALYSIS_DIR)/sample_rollouts.jsonl --out $(ANALYSIS_DIR)
+
+# The paper's method comparison in miniature (docs/experiments.md): GEPO, GRPO, AEPO, Clip-Cov,
+# KL-Cov and the three ablations x 3 seeds on the CPU testbed, 2 runs at once on one thread each,
+# resumable (run it again after an interruption); report in work_dirs/experiments/report/.
+# Options: make experiments EXPERIMENTS_ARGS='--methods gepo grpo --seeds 2 --jobs 4'
+EXPERIMENTS_ARGS ?=
+experiments: $(STAMP)
+	$(PY) tools/run_experiments.py $(EXPERIMENTS_ARGS)
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow"

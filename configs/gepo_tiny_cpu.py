@@ -1,6 +1,7 @@
 # GEPO on the built-in CPU setting (make demo). Hyperparameters as in the paper; the
 # threshold state belongs to the RL loop and is checkpointed with it.
 _base_ = ['./_base_/tiny_cpu.py']
+custom_imports = dict(imports=['gepo_xtuner'], allow_failed_imports=False)
 
 train_cfg = dict(
     advantage=dict(

@@ -30,14 +30,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='warm-start records per domain')
     parser.add_argument('--n-train', type=int, default=None, help='RL records per domain')
     parser.add_argument('--n-val', type=int, default=None, help='val records per domain')
+    parser.add_argument('--noise', nargs='+', default=[], metavar='DOMAIN=SHARE',
+                        help='share of a domain\'s warm-start answers that demonstrate a '
+                             'systematic mistake (reversed), e.g. add=0.3 mul=0.4')
     return parser.parse_args(argv)
+
+
+def parse_noise(items: list[str]) -> dict[str, float] | None:
+    """``['add=0.3', 'mul=0.4']`` -> ``{'add': 0.3, 'mul': 0.4}`` (None for none)."""
+    noise = {}
+    for item in items:
+        domain, sep, share = item.partition('=')
+        try:
+            noise[domain] = float(share)
+        except ValueError:
+            sep = ''
+        if not sep:
+            raise SystemExit(f'--noise takes DOMAIN=SHARE items, got {item!r}')
+    return noise or None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = {k: v for k, v in dict(steps=args.steps, n_sft_per_domain=args.n_sft,
                                        n_train_per_domain=args.n_train,
-                                       n_val_per_domain=args.n_val).items() if v is not None}
+                                       n_val_per_domain=args.n_val,
+                                       noise=parse_noise(args.noise)).items()
+                 if v is not None}
     start = time.time()
     model_dir = warm_start(args.out, seed=args.seed, force=args.force,
                            progress=lambda line: print(line, flush=True), **overrides)

@@ -1,9 +1,9 @@
 # The built-in CPU setting: a tiny character-level Qwen2 policy, warm-started on a synthetic
 # four-domain task mix (copy, add, sort, mul), trained online with the RL loop of gepo_xtuner.
-# Needs `python tools/prepare_tiny_cpu.py` first (make demo runs it). Pure-dict config:
-# `custom_imports` registers everything, so `xtuner train` resolves the string types below.
+# Needs `python tools/prepare_tiny_cpu.py` first (make demo runs it). Pure-dict config: the
+# including config sets `custom_imports` (which registers everything, so `xtuner train` resolves
+# the string types below), directly or through an algorithm base (configs/_base_/algorithms/).
 _base_ = ['./rl_runtime.py']  # hooks (checkpoints every 50 steps), logging, env
-custom_imports = dict(imports=['gepo_xtuner'], allow_failed_imports=False)
 runner_type = 'RLRunner'
 
 # written by tools/prepare_tiny_cpu.py; the environment variable GEPO_TINY_DIR overrides it

@@ -141,6 +141,37 @@ def generate_split(split: str, n_per_domain: int, seed: int) -> list[dict[str, s
     return records
 
 
+def with_demonstration_noise(records: list[dict[str, str]], noise: dict[str, float],
+                             seed: int) -> list[dict[str, str]]:
+    """Warm-start records of which a share per domain demonstrate a systematic mistake.
+
+    A noisy record's ``answer`` is the true answer reversed (``"161"`` -> ``"161"[::-1]``,
+    ``"dekqwz"`` -> ``"zwqked"``): a consistent wrong habit, as imperfect demonstrations
+    teach one, that a policy trained on them samples at about the noise rate and that a
+    verifiable reward (scored against the true answer) can train away. Answers that read the
+    same reversed (one digit, palindromes) stay correct.
+
+    Args:
+        records: records of :func:`generate_split` (not modified).
+        noise: domain -> share in ``[0, 1]`` of its records to corrupt; other domains
+            stay clean.
+        seed: which records are corrupted is a pure function of ``(seed, record id)``.
+
+    Returns:
+        New records, in the same order.
+    """
+    for domain, share in noise.items():
+        if domain not in DOMAINS or not 0.0 <= share <= 1.0:
+            raise ValueError(f'noise must map domains of {DOMAINS} to shares in [0, 1], '
+                             f'got {domain!r}: {share!r}')
+    out = []
+    for rec in records:
+        rng = random.Random(f'{seed}/noise/{rec["id"]}')
+        flip = rng.random() < noise.get(rec['domain'], 0.0)
+        out.append({**rec, 'answer': rec['answer'][::-1]} if flip else dict(rec))
+    return out
+
+
 def write_jsonl(records: Iterable[dict], path: str | os.PathLike) -> Path:
     """Writes one JSON object per line, atomically (temp file, then ``os.replace``)."""
     path = Path(path)

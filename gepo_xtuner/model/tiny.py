@@ -19,7 +19,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ..data.synthetic_tasks import DOMAINS, MAX_ANSWER_CHARS, generate_split, score, write_jsonl
+from ..data.synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, generate_split, score,
+                                    with_demonstration_noise, write_jsonl)
 
 SPECIAL_TOKENS: tuple[str, ...] = ('<pad>', '<bos>', '<eos>', '<unk>')
 # Fixed, so ids never depend on the task mix; a few spare symbols leave room for
@@ -209,7 +210,8 @@ def _publish(tmp: Path, final: Path) -> None:
 def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
                batch_size: int = 64, lr: float = 3e-3, n_sft_per_domain: int = 2000,
                n_train_per_domain: int = 2000, n_val_per_domain: int = 200,
-               force: bool = False, progress: Callable[[str], None] | None = None) -> Path:
+               noise: dict[str, float] | None = None, force: bool = False,
+               progress: Callable[[str], None] | None = None) -> Path:
     """Builds the task files and a supervised warm-started tiny policy, cached on disk.
 
     Writes ``out_dir/data/{sft,train,val}.jsonl`` and ``out_dir/model/``: model, tokenizer
@@ -236,6 +238,9 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
         n_train_per_domain: RL records per domain (the ``train`` split, prompts the
             warm start never saw).
         n_val_per_domain: val records per domain (for the reported accuracy).
+        noise: domain -> share of its warm-start answers replaced by a systematic mistake
+            (:func:`~gepo_xtuner.data.synthetic_tasks.with_demonstration_noise`);
+            ``sft.jsonl`` holds the noisy answers, train and val stay clean. None: clean.
         force: retrain even if a cached model with these parameters exists.
         progress: called with one line per stage and about every tenth of the steps
             (e.g. ``print``); nothing is reported when the cache is used.
@@ -250,11 +255,15 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
     splits = {s: generate_split(s, n, seed)
               for s, n in (('sft', n_sft_per_domain), ('train', n_train_per_domain),
                            ('val', n_val_per_domain))}
+    if noise:
+        splits['sft'] = with_demonstration_noise(splits['sft'], noise, seed)
     # The data digest invalidates the cache when the task generators change.
     digest = hashlib.sha256(json.dumps(splits, sort_keys=True).encode()).hexdigest()[:16]
     params = dict(version=2, seed=seed, steps=steps, batch_size=batch_size, lr=lr,
                   n_sft_per_domain=n_sft_per_domain, n_train_per_domain=n_train_per_domain,
                   n_val_per_domain=n_val_per_domain, data_sha256=digest)
+    if noise:  # absent when clean: caches written before the option stay valid
+        params['noise'] = dict(sorted(noise.items()))
     cached = (model_dir / 'warm_start.json').exists() and not force
     cached = cached and read_warm_start_report(model_dir).get('params') == params
     for split, records in splits.items():

@@ -101,3 +101,22 @@ def test_score():
 def test_doctests():
     assert doctest.testmod(synthetic_tasks).failed == 0
     assert doctest.testmod(synthetic_tasks).attempted >= 2
+
+
+def test_demonstration_noise_reverses_a_share_per_domain_deterministically():
+    from gepo_xtuner.data.synthetic_tasks import with_demonstration_noise
+    clean = generate_split('sft', 2000, 0)
+    noisy = with_demonstration_noise(clean, {'add': 0.3, 'copy': 0.0}, seed=0)
+    assert noisy == with_demonstration_noise(clean, {'add': 0.3, 'copy': 0.0}, seed=0)
+    assert clean == generate_split('sft', 2000, 0)  # input untouched
+    for rec, out in zip(clean, noisy):
+        assert {k: v for k, v in out.items() if k != 'answer'} == \
+            {k: v for k, v in rec.items() if k != 'answer'}
+        assert out['answer'] in (rec['answer'], rec['answer'][::-1])
+        if rec['domain'] != 'add':
+            assert out == rec
+    flipped = sum(o['answer'] != r['answer'] for r, o in zip(clean, noisy) if r['domain'] == 'add')
+    candidates = sum(r['answer'] != r['answer'][::-1] for r in clean if r['domain'] == 'add')
+    assert abs(flipped / candidates - 0.3) < 0.05  # ~30 % of those a reversal changes
+    with pytest.raises(ValueError, match='shares in'):
+        with_demonstration_noise(clean, {'div': 0.1}, seed=0)

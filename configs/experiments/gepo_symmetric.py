@@ -1,0 +1,8 @@
+# GEPO ablation w/o asymmetric shaping (alpha_low = alpha_high = 0.2) on the
+# method-comparison testbed
+# (configs/_base_/tiny_cpu_grid.py; tools/run_experiments.py runs it over seeds).
+_base_ = ['../_base_/tiny_cpu_grid.py', '../_base_/algorithms/gepo_symmetric.py']
+
+model = dict(policy_loss={{_base_.policy_loss}})
+train_cfg = dict(advantage={{_base_.advantage}},
+                 max_tokens_per_micro_batch={{_base_.micro_batch_tokens}})
