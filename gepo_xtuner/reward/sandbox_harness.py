@@ -232,25 +232,75 @@ def _exit(code: object = None) -> None:
     raise SystemExit(code)
 
 
+def join_cgroups(fds: list[int]) -> None:
+    """Moves this process into the cgroups whose ``cgroup.procs`` files ``fds`` are.
+
+    The parent opened the files (as root, outside the sandbox, where ``/sys/fs/cgroup``
+    is not mounted); the kernel checks the opener's credentials, so writing ``0`` (this
+    process) works here too. Everything the code starts is then counted and limited
+    there (``pids.max``, the memory limit). The descriptors are closed afterwards.
+    """
+    for fd in fds:
+        try:
+            os.write(fd, b'0')
+        finally:
+            os.close(fd)
+
+
+def _no_new_privs() -> None:
+    ctypes, libc = _landlock_syscalls()
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), 'prctl(PR_SET_NO_NEW_PRIVS) failed')
+
+
+def drop_privileges(uid: int, gid: int, own: list[str]) -> None:
+    """Becomes the unprivileged ``uid``/``gid`` for good (root only).
+
+    ``own`` (the working directory) is given to that user first. Afterwards the process
+    has no capabilities, no supplementary groups, real = effective = saved ids, and
+    cannot gain privileges again (no_new_privs: setuid programs do not elevate).
+    Checked: a ``setuid(0)`` must fail, else this raises.
+    """
+    for path in own:
+        os.chown(path, uid, gid)
+    _no_new_privs()
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise OSError('the sandbox could not drop its privileges')
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    raise OSError('the sandbox regained root after dropping it')
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     _set_limit(resource.RLIMIT_CORE, 0)
     _set_limit(resource.RLIMIT_FSIZE, spec['max_output_bytes'])
     _set_limit(resource.RLIMIT_NOFILE, 256)
     if spec['max_processes']:
+        # counted per user: the kernel enforces it for any uid but root, which is why a
+        # root trainer's sandbox runs under a uid of its own (``drop_to``)
         _set_limit(resource.RLIMIT_NPROC, spec['max_processes'])
     # SIGXCPU at the soft limit, SIGKILL one second later (a PID-namespace init
     # ignores SIGXCPU but not the kernel's SIGKILL).
     _set_limit(resource.RLIMIT_CPU, spec['cpu_s'], spec['cpu_s'] + 1)
+    join_cgroups(spec.get('cgroup_fds', []))
     with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
         source = f.read()
     control = os.fdopen(spec['control_fd'], 'w', encoding='utf-8')
     if spec.get('landlock') is not None:
         apply_landlock(**spec['landlock'])
-        # ctypes was needed for the syscalls; forget it so that a later `import ctypes`
-        # by the code is a real import (and meets the guard's import check)
-        for name in ('ctypes', 'ctypes._endian', '_ctypes'):
-            sys.modules.pop(name, None)
+    if spec.get('drop_to') is not None:
+        uid, gid = spec['drop_to']
+        drop_privileges(uid, gid, spec.get('own', []))
+    # ctypes was needed for the syscalls; forget it so that a later `import ctypes`
+    # by the code is a real import (and meets the guard's import check where one is)
+    for name in ('ctypes', 'ctypes._endian', '_ctypes'):
+        sys.modules.pop(name, None)
     _set_limit(resource.RLIMIT_AS, spec['memory_bytes'])
     sys.path.extend(spec.get('site_dirs', []))
     builtins.exit = builtins.quit = _exit

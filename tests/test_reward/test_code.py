@@ -198,18 +198,16 @@ def test_code_runs_in_a_fresh_directory_with_stdin(sandbox):
     assert result.stdout == "[] hello\n"
 
 
-# levels whose PID namespace is the kernel's and that let a non-root trainer's code fork
-PID_NS_MODES = [m for m in ('bwrap', 'landlock') if m in MODES and 'namespaces' in MODES]
+# levels whose PID namespace is the kernel's
+PID_NS_MODES = [m for m in ('isolated', 'contained') if m in MODES and 'unsafe_files' in MODES
+                or m == 'isolated' and m in MODES]
 
 
-@pytest.mark.skipif(not PID_NS_MODES, reason='no user/PID namespaces here')
+@pytest.mark.skipif(not PID_NS_MODES, reason='no PID namespaces here')
 @pytest.mark.parametrize('level', PID_NS_MODES)
-def test_pid_namespace_kills_processes_that_left_the_session(monkeypatch, tmp_path, level):
+def test_pid_namespace_kills_processes_that_left_the_session(tmp_path, level):
     """A daemonised grandchild (setsid + exec) escapes a process-group kill; the PID
-    namespace still ends it. As root, process creation is refused by the audit hook, so
-    the euid check is patched to exercise the namespace on its own."""
-    import gepo_xtuner.reward.sandbox as sandbox_module
-    monkeypatch.setattr(sandbox_module.os, 'geteuid', lambda: 1000)
+    namespace (and, as root, the run's own uid) still ends it."""
     marker = '61.37'
     code = ('import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n'
             f'        os.execv("/bin/sleep", ["sleep", "{marker}"])\n    os._exit(0)\n'
@@ -229,8 +227,9 @@ def _cmdline(pid: str) -> bytes:
         return b''
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason='the kernel ignores RLIMIT_NPROC for root')
-def test_process_limit_as_non_root():
+def test_process_limit_holds_as_root_and_not():
+    """RLIMIT_NPROC holds because the code never runs as root (a root trainer gives it
+    a uid of its own), not because an audit hook refuses fork."""
     box = Sandbox(timeout_s=2, max_processes=8, isolation=MODES[0])
     code = ('import os, time\nn = 0\nfor _ in range(50):\n    try:\n        if os.fork() == 0:\n'
             '            time.sleep(5)\n            os._exit(0)\n        n += 1\n'

