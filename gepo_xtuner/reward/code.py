@@ -1,5 +1,6 @@
 """CodeReward: runs the completion's program against the record's tests in a sandbox."""
 
+import ast
 import json
 import math
 import re
@@ -43,15 +44,31 @@ def extract_code(completion: str) -> str:
 
 @dataclass(frozen=True)
 class TestCase:
-    """One test: stdin -> expected stdout, or a call with arguments -> expected value."""
+    """One test of a code record.
+
+    * ``'stdin'``: the program reads ``stdin``; its stdout must match ``expected``
+      (:func:`same_stdout`);
+    * ``'call'``: ``fn_name(*args)`` for each of ``calls`` must return its expected value
+      (JSON records: :func:`same_value`; literal asserts: Python ``==`` on builtin
+      values, ``python_eq``);
+    * ``'asserts'``: the program ``asserts`` (MBPP's ``test_list``, HumanEval's
+      ``check``) must run to its end against the solution's names, every assert true
+      (:func:`~gepo_xtuner.reward.sandbox_harness.run_asserts`); ``prelude`` (HumanEval's
+      ``prompt``) goes before a solution that does not define ``entry_point``.
+    """
 
     __test__ = False  # not a pytest class despite the name
 
-    kind: Literal['stdin', 'call']
+    kind: Literal['stdin', 'call', 'asserts']
     stdin: str = ''
     expected: Any = None
     fn_name: str | None = None
     args: list = field(default_factory=list)
+    calls: tuple = ()          # call: ((fn_name, args, expected), ...) run in one process
+    python_eq: bool = False    # call: compare as the benchmark's own assert does
+    asserts: str = ''
+    prelude: str = ''
+    entry_point: str | None = None
 
 
 def _call_args(raw: Any, where: str) -> list:
@@ -65,10 +82,85 @@ def _call_args(raw: Any, where: str) -> list:
     raise TypeError(f'{where}: call arguments must be a list or JSON lines, got {type(raw)}')
 
 
-def parse_tests(record: dict[str, Any]) -> list[TestCase]:
-    """The record's ``tests`` as :class:`TestCase` objects.
+def _literal_call(line: str) -> tuple[str, list, Any] | None:
+    """``assert f(<literals>) == <literal>`` as (f, args, expected); else None."""
+    try:
+        tree = ast.parse(line.strip())
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    test = tree.body[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq) and isinstance(test.left, ast.Call)
+            and isinstance(test.left.func, ast.Name) and not test.left.keywords):
+        return None
+    try:
+        args = [ast.literal_eval(a) for a in test.left.args]
+        expected = ast.literal_eval(test.comparators[0])
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return test.left.func.id, args, expected
 
-    Accepted forms (a list of them, or one dict):
+
+def _assert_tests(record: dict[str, Any], rid: Any, challenge: bool) -> list[TestCase] | None:
+    """MBPP's and HumanEval's published fields as tests; None if neither is there."""
+    if 'test_list' in record:  # MBPP: task_id, text, code, test_list, test_setup_code, ...
+        where = f'code record {rid!r} (MBPP)'
+        lines = record['test_list']
+        if not isinstance(lines, list) or not lines or not all(isinstance(t, str) for t in lines):
+            raise ValueError(f"{where}: 'test_list' must be a non-empty list of assert "
+                             f'strings, got {lines!r:.80}')
+        extra = record.get('challenge_test_list') or [] if challenge else []
+        setup = record.get('test_setup_code') or ''
+        imports = record.get('test_imports') or []  # the sanitized split's field
+        if not isinstance(setup, str) or not isinstance(imports, list):
+            raise ValueError(f"{where}: 'test_setup_code' must be a string and "
+                             "'test_imports' a list of import lines")
+        setup = '\n'.join([*map(str, imports), setup])
+        lines = [*lines, *extra]
+        calls = [_literal_call(line) for line in lines]
+        if not setup.strip() and all(calls):
+            # the expected values stay here; the sandbox only computes the calls
+            return [TestCase('call', calls=tuple(calls), python_eq=True)]
+        program = setup + '\n' + '\n'.join(lines) + '\n'
+        try:
+            ast.parse(program)
+        except SyntaxError as exc:
+            raise ValueError(f'{where}: the tests do not parse: {exc}') from exc
+        return [TestCase('asserts', asserts=program)]
+    if 'test' in record and 'entry_point' in record:  # HumanEval
+        where = f'code record {rid!r} (HumanEval)'
+        test, entry = record['test'], record['entry_point']
+        if not isinstance(test, str) or 'def check(' not in test:
+            raise ValueError(f"{where}: 'test' must define check(candidate)")
+        if not isinstance(entry, str) or not entry.isidentifier():
+            raise ValueError(f"{where}: 'entry_point' must be a function name, got {entry!r}")
+        program = f'{test}\n\ncheck({entry})\n'
+        try:
+            ast.parse(program)
+        except SyntaxError as exc:
+            raise ValueError(f'{where}: the test does not parse: {exc}') from exc
+        prompt = record.get('prompt')
+        return [TestCase('asserts', asserts=program, entry_point=entry,
+                         prelude=prompt if isinstance(prompt, str) else '')]
+    return None
+
+
+def parse_tests(record: dict[str, Any], challenge: bool = False) -> list[TestCase]:
+    """The record's tests as :class:`TestCase` objects.
+
+    Published schemas, recognised by their fields:
+
+    * MBPP (``test_list`` of assert strings, ``test_setup_code`` or the sanitized
+      split's ``test_imports``, ``challenge_test_list`` with ``challenge=True``):
+      asserts of the form
+      ``assert f(<literals>) == <literal>`` become one call test whose expected values
+      never enter the sandbox; any other form runs as an assert program;
+    * HumanEval (``test`` defining ``check(candidate)``, ``entry_point``): an assert
+      program ending in ``check(<entry_point>)``.
+
+    Else ``tests``, in these forms (a list of them, or one dict):
 
     * ``{"input": str, "output": str}``: stdin/stdout program;
     * ``{"fn_name": str, "inputs": [[args...], ...], "outputs": [value, ...]}``: call
@@ -80,12 +172,16 @@ def parse_tests(record: dict[str, Any]) -> list[TestCase]:
     Raises:
         ValueError: no tests, or a test in none of these forms (says which one).
     """
-    rid = record.get('id', '?')
+    rid = record.get('id', record.get('task_id', '?'))
+    published = _assert_tests(record, rid, challenge)
+    if published is not None:
+        return published
     tests = record.get('tests')
     if isinstance(tests, Mapping):
         tests = [tests]
     if not tests or not isinstance(tests, list):
-        raise ValueError(f"code record {rid!r} has no 'tests' (a non-empty list)")
+        raise ValueError(f"code record {rid!r} has no 'tests' (a non-empty list), no "
+                         "'test_list' (MBPP) and no 'test' + 'entry_point' (HumanEval)")
     cases = []
     for i, test in enumerate(tests):
         where = f'code record {rid!r}, tests[{i}]'
@@ -117,78 +213,108 @@ def parse_tests(record: dict[str, Any]) -> list[TestCase]:
     return cases
 
 
-def _number(token: str) -> float | None:
+_INT = re.compile(r'[+-]?\d+')
+_FLOAT_WORDS = frozenset({'inf', '+inf', '-inf', 'infinity', '+infinity', '-infinity', 'nan'})
+
+
+def _float_token(token: str) -> float | None:
+    """The value of a token written as a float (``0.5``, ``1e-3``, ``inf``); None for
+    an integer or a word."""
+    if _INT.fullmatch(token):
+        return None
+    if not (any(c in token for c in '.eE') or token.lower() in _FLOAT_WORDS):
+        return None
     try:
         return float(token)
     except ValueError:
         return None
 
 
+def _same_token(got: str, expected: str, float_tol: float | None) -> bool:
+    if got == expected:
+        return True
+    if _INT.fullmatch(expected):  # an integer matches only the same integer, written as one
+        return _INT.fullmatch(got) is not None and int(got) == int(expected)
+    want = _float_token(expected)
+    if want is None or float_tol is None:
+        return False
+    try:
+        value = float(got)
+    except ValueError:
+        return False
+    if math.isnan(want) or math.isnan(value):
+        return math.isnan(want) and math.isnan(value)
+    return math.isclose(value, want, rel_tol=float_tol, abs_tol=float_tol)
+
+
 def same_stdout(got: str, expected: str, float_tol: float | None = 1e-6) -> bool:
     """Output comparison: line by line, ignoring trailing spaces and blank lines at the ends.
 
-    Failing that, lines match token by token where tokens with a decimal point or
-    exponent compare as numbers within ``float_tol`` (absolute or relative).
+    Failing that, token by token: an expected integer matches only the same integer
+    (``+7`` and ``007`` are 7; ``7.0`` and ``7e0`` are not); only where the expected
+    token is written as a float (``.``, an exponent, ``inf``/``nan``) does any number
+    within ``float_tol`` (absolute or relative) match; words match exactly.
 
     Example:
         >>> same_stdout('3 4  \\n\\n', '3 4')
         True
         >>> same_stdout('0.3333333\\n', '0.333333333')
         True
-        >>> same_stdout('1000001\\n', '1000000')
-        False
+        >>> same_stdout('1000000.0\\n', '1000001'), same_stdout('5.0', '5')
+        (False, False)
     """
     def lines(text: str) -> list[str]:
         return [line.rstrip() for line in text.strip('\n').rstrip().split('\n')]
     got_lines, exp_lines = lines(got), lines(expected)
     if got_lines == exp_lines:
         return True
-    if float_tol is None or len(got_lines) != len(exp_lines):
+    if len(got_lines) != len(exp_lines):
         return False
     for g_line, e_line in zip(got_lines, exp_lines):
         g_tokens, e_tokens = g_line.split(), e_line.split()
-        if len(g_tokens) != len(e_tokens):
+        if len(g_tokens) != len(e_tokens) or not all(
+                _same_token(g, e, float_tol) for g, e in zip(g_tokens, e_tokens)):
             return False
-        for g, e in zip(g_tokens, e_tokens):
-            if g == e:
-                continue
-            if not any(c in g + e for c in '.eE'):
-                return False
-            gv, ev = _number(g), _number(e)
-            if gv is None or ev is None or not math.isclose(gv, ev, rel_tol=float_tol,
-                                                            abs_tol=float_tol):
-                return False
     return True
 
 
-def same_value(got: Any, expected: Any, float_tol: float | None = 1e-6) -> bool:
-    """Return-value comparison after a JSON round trip (tuples are lists).
+def same_value(got: Any, expected: Any, float_tol: float | None = 1e-6,
+               tuple_as_list: bool = False) -> bool:
+    """Typed return-value comparison for JSON test records.
 
-    Floats compare within ``float_tol``; booleans never equal numbers; an expected
-    string that is JSON for a non-string result is decoded first.
+    ``got`` is the function's value rebuilt from builtin types (tuples stay tuples,
+    dict keys keep their types); ``expected`` comes from JSON. A bool matches only a
+    bool, an int only an int, a string only a string, None only None, a list only a list
+    (a tuple too with ``tuple_as_list``), an object only a dict with the same string
+    keys; a float matches an int or float within ``float_tol``.
 
     Example:
         >>> same_value([0, 1], [0, 1]), same_value(0.1 + 0.2, 0.3), same_value(True, 1)
         (True, True, False)
+        >>> same_value(5, '5'), same_value((0, 1), [0, 1]), same_value({1: 2}, {'1': 2})
+        (False, False, False)
     """
-    if isinstance(expected, str) and not isinstance(got, str):
-        try:
-            expected = json.loads(expected)
-        except ValueError:
-            return False
-    if isinstance(got, bool) or isinstance(expected, bool):
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return type(got) is type(expected) and got == expected
-    if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
-        if float_tol is None or (isinstance(got, int) and isinstance(expected, int)):
+    if type(expected) is int:
+        return type(got) is int and got == expected
+    if type(expected) is float:
+        if type(got) not in (int, float):
+            return False
+        if float_tol is None:
             return got == expected
+        if math.isnan(expected) or math.isnan(got):
+            return math.isnan(expected) and math.isnan(got)
         return math.isclose(got, expected, rel_tol=float_tol, abs_tol=float_tol)
-    if isinstance(got, list) and isinstance(expected, list):
+    if isinstance(expected, list):
+        if not (type(got) is list or (tuple_as_list and type(got) is tuple)):
+            return False
         return len(got) == len(expected) and all(
-            same_value(g, e, float_tol) for g, e in zip(got, expected))
-    if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(
-            same_value(got[k], expected[k], float_tol) for k in got)
-    return got == expected
+            same_value(g, e, float_tol, tuple_as_list) for g, e in zip(got, expected))
+    if isinstance(expected, dict):
+        return (type(got) is dict and got.keys() == expected.keys() and all(
+            same_value(got[k], expected[k], float_tol, tuple_as_list) for k in got))
+    return False
 
 
 @REWARDS.register_module()
@@ -217,13 +343,18 @@ class CodeReward(Reward):
             the kernel enforces it).
         isolation: the sandbox's containment level: ``'auto'`` (default: the strongest
             available here, reported once as ``reward/sandbox: <level>``), or one of
-            ``'bwrap'``, ``'landlock'``, ``'namespaces'``, ``'audit_hook'`` (required).
+            ``'isolated'``, ``'contained'``, ``'unsafe_files'``, ``'unsafe'`` (required).
         disk_mb: size limit of the code's working directory per test in MiB (default 32).
-        min_containment: refuse to start below this level, e.g. ``'bwrap'`` for a
-            cluster run (default None: any, with a warning below ``'landlock'``). The
+        min_containment: refuse to start below this level, e.g. ``'contained'`` for a
+            cluster run (default None: any, with a warning below ``'contained'``). The
             error says what to install.
-        float_tol: tolerance for numbers with a decimal point or exponent in stdout and
-            for float return values (default 1e-6; None: exact).
+        float_tol: tolerance where the expected stdout token or return value is a float
+            (default 1e-6; None: exact). Integers, strings and types always match
+            exactly (docs/rewards.md, "Comparison rules").
+        tuple_as_list: JSON call tests: a returned tuple matches an expected list
+            (LiveCodeBench's rule; default False: a tuple is not a list).
+        challenge_tests: MBPP records: also run ``challenge_test_list`` (default False,
+            as MBPP's published evaluation).
 
     Example:
         >>> reward = CodeReward(timeout_s=5)
@@ -235,16 +366,16 @@ class CodeReward(Reward):
         0.0
     """
 
-    required_fields = ('tests',)
 
     def __init__(self, timeout_s: float = 6.0, memory_mb: int = 1024,
                  partial_credit: bool = False, max_workers: int = 1,
                  max_output_bytes: int = 8 << 20, max_processes: int = 32,
-                 isolation: Literal['auto', 'bwrap', 'landlock', 'namespaces',
-                                    'audit_hook'] = 'auto',
+                 isolation: Literal['auto', 'isolated', 'contained', 'unsafe_files',
+                                    'unsafe'] = 'auto',
                  float_tol: float | None = 1e-6, disk_mb: int = 32,
-                 min_containment: Literal['bwrap', 'landlock', 'namespaces', 'audit_hook']
-                 | None = None) -> None:
+                 min_containment: Literal['isolated', 'contained', 'unsafe_files', 'unsafe']
+                 | None = None, tuple_as_list: bool = False,
+                 challenge_tests: bool = False) -> None:
         if max_workers < 1:
             raise ValueError(f'max_workers must be >= 1, got {max_workers}')
         self.sandbox = Sandbox(timeout_s=timeout_s, memory_mb=memory_mb,
@@ -254,6 +385,8 @@ class CodeReward(Reward):
         self.partial_credit = bool(partial_credit)
         self.max_workers = int(max_workers)
         self.float_tol = float_tol
+        self.tuple_as_list = bool(tuple_as_list)
+        self.challenge_tests = bool(challenge_tests)
 
     def passes(self, code: str, case: TestCase) -> bool:
         """Whether ``code`` passes one test (raises only on sandbox failure)."""
@@ -261,12 +394,31 @@ class CodeReward(Reward):
             result = self.sandbox.run(code, stdin=case.stdin)
             return result.status == 'ok' and same_stdout(result.stdout, case.expected,
                                                          self.float_tol)
+        if case.kind == 'asserts':
+            if case.entry_point and not re.search(
+                    rf'^\s*(async\s+)?def\s+{re.escape(case.entry_point)}\s*\(', code, re.M):
+                code = case.prelude + code  # HumanEval: the completion is the function body
+            result = self.sandbox.run(code, asserts=case.asserts)
+            return result.status == 'ok' and result.has_value
+        if case.calls:
+            result = self.sandbox.run(code, calls=[(f, a) for f, a, _ in case.calls])
+            return result.status == 'ok' and result.has_value and all(
+                self._same(got, expected, case) for got, (_, _, expected)
+                in zip(result.value, case.calls))
         result = self.sandbox.run(code, fn_name=case.fn_name, args=case.args)
-        return result.status == 'ok' and result.has_value and same_value(
-            result.value, case.expected, self.float_tol)
+        return result.status == 'ok' and result.has_value and self._same(
+            result.value, case.expected, case)
+
+    def _same(self, got: Any, expected: Any, case: TestCase) -> bool:
+        if case.python_eq:  # both builtin data: the benchmark's own ``==``, unfakeable
+            try:
+                return bool(got == expected)
+            except Exception:  # noqa: BLE001  (e.g. comparing incomparable builtins)
+                return False
+        return same_value(got, expected, self.float_tol, self.tuple_as_list)
 
     def __call__(self, completion: str, record: dict[str, Any]) -> float:
-        cases = parse_tests(record)
+        cases = parse_tests(record, self.challenge_tests)
         code = extract_code(completion)
         if not code.strip():
             return 0.0
@@ -293,4 +445,4 @@ class CodeReward(Reward):
         return passed / len(cases)
 
     def parse_record(self, record: dict[str, Any]) -> None:
-        parse_tests(record)
+        parse_tests(record, self.challenge_tests)

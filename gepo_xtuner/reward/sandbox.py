@@ -72,7 +72,7 @@ except ImportError:  # the module also works on its own (stdlib only)
         """Fallback for mmengine's ``print_log``: the standard ``logging`` module."""
         logging.getLogger('gepo_xtuner.reward.sandbox').log(level, msg)
 
-from .sandbox_harness import landlock_abi
+from .sandbox_harness import decode_value, landlock_abi
 
 __all__ = ['LEVELS', 'UID_BASE', 'Sandbox', 'SandboxError', 'SandboxResult',
            'available_levels', 'bwrap_executable', 'cgroup_support', 'namespaces_available']
@@ -150,8 +150,12 @@ class SandboxResult:
         returncode: the process's exit code (negative: killed by that signal).
         stdout: what the code printed (UTF-8, undecodable bytes replaced).
         stderr: the last 4 KiB of its standard error.
-        value: call mode: the function's return value after a JSON round trip.
-        has_value: call mode: whether the function returned (``value`` may be None).
+        value: call mode: the function's return value, rebuilt from builtin types only
+            (:func:`~gepo_xtuner.reward.sandbox_harness.encode_value`: tuples stay
+            tuples, dict keys keep their types); asserts mode: how many asserts passed.
+        has_value: call mode: whether the function returned a value that could leave
+            the sandbox (``value`` may be None); asserts mode: whether every assert
+            passed and the run reached its end.
         wall_s: wall-clock seconds of the run.
     """
 
@@ -726,7 +730,8 @@ class Sandbox:
         _report(self.python, self.isolation, why_not)
 
     def run(self, code: str, stdin: str = '', fn_name: str | None = None,
-            args: list | None = None) -> SandboxResult:
+            args: list | None = None, asserts: str | None = None,
+            calls: list[tuple[str, list]] | None = None) -> SandboxResult:
         """Runs ``code`` once.
 
         Args:
@@ -735,6 +740,12 @@ class Sandbox:
             fn_name: call mode: call this function (or ``Solution().<fn_name>``) with
                 ``args`` (a JSON-serialisable list) after executing the code.
             args: positional arguments of the call.
+            calls: call mode, several calls in one process: ``[(fn_name, args), ...]``;
+                ``value`` is then the list of their values (``has_value``: all returned).
+            asserts: asserts mode: a test program of ``assert`` statements (MBPP's
+                ``test_list``, HumanEval's ``check(candidate)``) run after the code
+                against its names (:func:`~gepo_xtuner.reward.sandbox_harness.run_asserts`);
+                passed only if the run reaches the end of it.
 
         Raises:
             SandboxError: the process could not be started or did not reach the code
@@ -746,7 +757,8 @@ class Sandbox:
         try:
             if isinstance(cgroup_support(), dict):
                 cgroups = _Cgroups(self.memory_mb << 20, self.max_processes)
-            return self._run_in(root, code, stdin, fn_name, args, lease, cgroups)
+            return self._run_in(root, code, stdin, fn_name, args, lease, cgroups, asserts,
+                                calls)
         finally:
             if cgroups is not None:
                 cgroups.close()
@@ -787,8 +799,9 @@ class Sandbox:
         return self.isolation != 'unsafe' and namespaces_available(self.python)
 
     def _run_in(self, root: str, code: str, stdin: str, fn_name: str | None,
-                args: list | None, lease: _UidLease | None,
-                cgroups: _Cgroups | None) -> SandboxResult:
+                args: list | None, lease: _UidLease | None, cgroups: _Cgroups | None,
+                asserts: str | None = None,
+                calls: list[tuple[str, list]] | None = None) -> SandboxResult:
         host_work = os.path.join(root, 'work')
         os.mkdir(host_work, 0o700)
         bwrap = self.isolation == 'isolated'
@@ -796,6 +809,9 @@ class Sandbox:
             os.chown(host_work, lease.uid, lease.uid)  # bwrap: the harness does it in /sandbox
         paths = {name: os.path.join(root, name) for name in
                  ('solution.py', 'stdin.txt', 'stdout.txt', 'stderr.txt', 'control')}
+        nonce = uuid.uuid4().hex
+        if asserts is not None:  # read by the harness, never by the code
+            code = f'{nonce}\n{len(asserts)}\n{asserts}{code}'
         # errors='replace': a lone surrogate from a bad decode is the solution's problem
         Path(paths['solution.py']).write_text(code, encoding='utf-8', errors='replace')
         Path(paths['stdin.txt']).write_text(stdin, encoding='utf-8', errors='replace')
@@ -808,7 +824,9 @@ class Sandbox:
                 open(paths['solution.py'], 'rb') as fcode, \
                 open(paths['control'], 'wb') as fcontrol:
             spec = {'code_fd': fcode.fileno(), 'control_fd': fcontrol.fileno(),
-                    'mode': 'stdin' if fn_name is None else 'call', 'fn_name': fn_name,
+                    'mode': ('asserts' if asserts is not None else
+                             'stdin' if fn_name is None and calls is None else 'call'),
+                    'fn_name': fn_name, 'calls': [list(c) for c in calls] if calls else None,
                     'args': list(args or []), 'cpu_s': max(1, math.ceil(self.timeout_s)),
                     'memory_bytes': self.memory_mb << 20,
                     'max_output_bytes': self.max_output_bytes,
@@ -850,12 +868,18 @@ class Sandbox:
             raise SandboxError(f'the sandbox failed before running the code (exit code '
                                f'{returncode}): {stderr.strip()[-1000:]}')
         value, has_value = None, False
-        if fn_name is not None and finished and returncode == 0 and len(lines) > 1:
+        if asserts is not None and finished and returncode == 0 and len(lines) > 1:
+            head, _, count = lines[-1].rpartition(' ')
+            if head == f'asserts-ok {nonce}' and count.isdigit():
+                value, has_value = int(count), True
+        elif (fn_name is not None or calls) and finished and returncode == 0:
+            wanted = len(calls) if calls else 1
             try:
-                value = json.loads(lines[-1])['value']
-                has_value = True
+                values = [decode_value(json.loads(line)['value']) for line in lines[1:]]
             except (ValueError, KeyError, TypeError):
-                pass
+                values = []
+            if len(values) == wanted:
+                value, has_value = (values if calls else values[0]), True
         # SIGXCPU: the CPU-time limit (as long as the wall limit) struck first; on an
         # idle machine the wall clock usually wins by the start-up time, but not always
         if ended == 'timeout' or returncode == -signal.SIGXCPU:

@@ -9,8 +9,11 @@ Order matters: every limit and guard is in place before the first line of untrus
 code runs, and limits are set with hard == soft so the code cannot raise them again.
 
 Spec keys: ``code_fd`` (a readable descriptor holding the source) and ``control_fd``
-(a writable one: ``ready`` then, in call mode, the JSON result), ``mode`` (``'stdin'``
-or ``'call'``), ``fn_name`` and ``args`` (call mode), ``cpu_s``, ``memory_bytes``,
+(a writable one: ``ready`` then, in call mode, one typed JSON value per call; in asserts
+mode ``asserts-ok <nonce> <count>``), ``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``),
+``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``, ``memory_bytes``,
+``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid, gid]`` to become
+for good, root only) and ``own`` (paths to give that uid first),
 ``max_output_bytes``, ``max_processes``, ``block_network``, ``block_processes``,
 ``site_dirs``, ``landlock`` (None or the rules of :func:`apply_landlock`) and
 ``fs_guard`` (None or ``{'read': [...], 'write': [...], 'read_files': [...],
@@ -227,6 +230,171 @@ def _install_guard(block_network: bool, block_processes: bool, fs_guard: dict | 
     sys.addaudithook(guard)
 
 
+# ------------------------------------------------------------ values leaving the sandbox
+
+#: Types whose values leave the sandbox (exactly these: no subclasses, whose ``__eq__``
+#: or ``__hash__`` the code could have written).
+_PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_MAX_ITEMS = 1 << 20
+
+
+def encode_value(value: object) -> object:
+    """A JSON-ready, typed copy of a return value made only of builtin types.
+
+    ``int``/``float``/``bool``/``str``/``None`` stay JSON values (JSON keeps ints and
+    floats apart); lists stay lists; tuples, sets, frozensets, dicts (as key/value
+    pairs, so non-string keys survive), bytes and complex numbers are tagged objects
+    ``{"__tuple__": [...]}`` etc. Anything else (a class of the code's own, a subclass of
+    a builtin) raises ``TypeError``: such an object could compare equal to anything.
+    """
+    budget = [_MAX_ITEMS]
+
+    def enc(v: object, depth: int) -> object:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 100:
+            raise ValueError('the return value is too large or too deeply nested')
+        t = type(v)
+        if t in (type(None), bool, int, float, str):
+            return v
+        if t is bytes:
+            return {'__bytes__': v.hex()}
+        if t is complex:
+            return {'__complex__': [v.real, v.imag]}
+        if t is list:
+            return [enc(x, depth + 1) for x in v]
+        if t is tuple:
+            return {'__tuple__': [enc(x, depth + 1) for x in v]}
+        if t in (set, frozenset):
+            return {f'__{t.__name__}__': [enc(x, depth + 1) for x in v]}
+        if t is dict:
+            return {'__dict__': [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in v.items()]}
+        raise TypeError(f'a value of type {t.__module__}.{t.__qualname__} cannot be compared '
+                        'safely (only builtin types: numbers, str, bytes, None, list, tuple, '
+                        'set, frozenset, dict)')
+    return enc(value, 0)
+
+
+def decode_value(data: object) -> object:
+    """The inverse of :func:`encode_value` (run by the trusted parent)."""
+    if isinstance(data, list):
+        return [decode_value(x) for x in data]
+    if not isinstance(data, dict):
+        return data
+    (tag, body), = data.items()
+    if tag == '__tuple__':
+        return tuple(decode_value(x) for x in body)
+    if tag in ('__set__', '__frozenset__'):
+        items = [decode_value(x) for x in body]
+        return set(items) if tag == '__set__' else frozenset(items)
+    if tag == '__dict__':
+        return {decode_value(k): decode_value(v) for k, v in body}
+    if tag == '__bytes__':
+        return bytes.fromhex(body)
+    if tag == '__complex__':
+        return complex(*body)
+    raise ValueError(f'unknown value tag {tag!r}')
+
+
+# ------------------------------------------------------------------- assert-style tests
+
+def _module_names(tree) -> list[str]:
+    import ast  # noqa: PLC0415
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+def _checked_asserts(tree):
+    """Rewrites every ``assert`` of a test program: each comparison inside it becomes
+    ``__gepo_compare__(ops, operands)`` and the assert ``__gepo_assert__(value)``
+    (both defined by :func:`run_asserts`)."""
+    import ast  # noqa: PLC0415
+
+    class Compare(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            ops = ast.List([ast.Constant(type(op).__name__) for op in node.ops], ast.Load())
+            operands = ast.List([node.left, *node.comparators], ast.Load())
+            return ast.copy_location(ast.Call(ast.Name('__gepo_compare__', ast.Load()),
+                                              [ops, operands], []), node)
+
+    class Assert(ast.NodeTransformer):
+        def visit_Assert(self, node):
+            test = Compare().visit(node.test)
+            call = ast.Call(ast.Name('__gepo_assert__', ast.Load()), [test], [])
+            return ast.copy_location(ast.Expr(call), node)
+
+    return ast.fix_missing_locations(Assert().visit(tree))
+
+
+def run_asserts(solution: str, tests: str, report) -> None:
+    """Runs ``solution``, then the assert-style ``tests`` against it, so that only a
+    solution that passes every assert reaches ``report(count)``.
+
+    What a solution cannot do to pass: exit early (``sys.exit``, ``os._exit``,
+    ``SystemExit``: ``report`` is never reached), return objects whose ``__eq__`` or
+    ``__bool__`` always agree (every operand of every comparison and every asserted
+    value must be plain builtin data, :func:`encode_value`; comparisons are made by the
+    builtin operators captured before the solution ran), or patch builtins and the
+    modules the tests import (the tests see a copy of the builtins taken before the
+    solution ran; the modules they import are imported and snapshotted first, and any
+    change of them or of the builtins fails the run).
+    """
+    import ast  # noqa: PLC0415
+    import operator  # noqa: PLC0415
+    tree = ast.parse(tests, 'tests.py')
+    for name in _module_names(tree):
+        try:
+            __import__(name)
+        except ImportError:
+            pass  # the tests' own import fails later, as it would anyway
+    watched = [m for m in (sys.modules.get(n) for n in _module_names(tree))
+               if m is not None and m.__name__ not in ('sys', 'os')]  # these change by use
+    watched += [builtins]
+    snapshot = [(m, dict(vars(m))) for m in watched]
+    pristine = dict(vars(builtins))
+    ops = {'Eq': operator.eq, 'NotEq': operator.ne, 'Lt': operator.lt, 'LtE': operator.le,
+           'Gt': operator.gt, 'GtE': operator.ge, 'In': lambda a, b: operator.contains(b, a),
+           'NotIn': lambda a, b: not operator.contains(b, a), 'Is': operator.is_,
+           'IsNot': operator.is_not}
+    plain, count = encode_value, [0]
+
+    def compare(names, operands):
+        for x in operands:
+            plain(x)  # TypeError for anything but builtin data
+        result = True
+        for name, left, right in zip(names, operands, operands[1:]):
+            result = ops[name](left, right)
+            if not result:
+                return False
+        return result
+
+    def check(value):
+        plain(value)  # builtin data: its truth value is the builtin one
+        if not value:
+            raise AssertionError('assertion failed')
+        count[0] += 1
+
+    checked = compile(_checked_asserts(tree), 'tests.py', 'exec')
+    namespace = {'__name__': '__main__', '__builtins__': builtins}
+    exec(compile(solution, 'solution.py', 'exec'), namespace)  # noqa: S102
+    scope = dict(namespace)
+    scope.update(__builtins__=pristine, __gepo_compare__=compare, __gepo_assert__=check)
+    exec(checked, scope)  # noqa: S102  (the tests, against the solution's names)
+    changed = [f'{module.__name__}.{key}' for module, before in snapshot
+               for key in set(before) | set(vars(module))
+               if before.get(key, check) is not vars(module).get(key, check)]
+    if changed:
+        raise RuntimeError(f'the solution changed {sorted(changed)[:5]}: not scored')
+    if count[0] == 0:
+        raise AssertionError('the tests asserted nothing')
+    report(count[0])
+
+
 def _exit(code: object = None) -> None:
     """``exit()`` / ``quit()`` (``site`` defines them; the harness runs without it)."""
     raise SystemExit(code)
@@ -291,6 +459,9 @@ def main() -> None:
     join_cgroups(spec.get('cgroup_fds', []))
     with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
         source = f.read()
+    if spec['mode'] == 'asserts':  # the parent's nonce, then the tests, then the solution
+        nonce, tests_size, source = source.split('\n', 2)
+        tests, source = source[:int(tests_size)], source[int(tests_size):]
     control = os.fdopen(spec['control_fd'], 'w', encoding='utf-8')
     if spec.get('landlock') is not None:
         apply_landlock(**spec['landlock'])
@@ -307,6 +478,10 @@ def main() -> None:
     control.write('ready\n')  # tells the parent that failures from here on are the solution's
     control.flush()
     _install_guard(spec['block_network'], spec['block_processes'], spec.get('fs_guard'))
+    if spec['mode'] == 'asserts':
+        write, fd = os.write, control.fileno()
+        run_asserts(source, tests, lambda n: write(fd, f'asserts-ok {nonce} {n}\n'.encode()))
+        return
     code = compile(source, 'solution.py', 'exec')  # a SyntaxError fails the run
     if spec['mode'] == 'stdin':
         sys.argv = ['solution.py']
@@ -314,15 +489,16 @@ def main() -> None:
         return
     namespace = {'__name__': 'solution', '__builtins__': builtins}
     exec(code, namespace)  # noqa: S102  (running it is the point)
-    fn_name = spec['fn_name']
-    fn = namespace.get(fn_name)
-    if fn is None and isinstance(namespace.get('Solution'), type):
-        fn = getattr(namespace['Solution'](), fn_name, None)  # LeetCode style
-    if fn is None:
-        raise NameError(f'the solution defines neither {fn_name}() nor Solution.{fn_name}()')
-    value = fn(*spec['args'])
-    control.write(json.dumps({'value': value}) + '\n')
-    control.flush()
+    for fn_name, args in spec.get('calls') or [(spec['fn_name'], spec['args'])]:
+        fn = namespace.get(fn_name)
+        if fn is None and isinstance(namespace.get('Solution'), type):
+            fn = getattr(namespace['Solution'](), fn_name, None)  # LeetCode style
+        if fn is None:
+            raise NameError(f'the solution defines neither {fn_name}() nor '
+                            f'Solution.{fn_name}()')
+        value = encode_value(fn(*args))  # TypeError for a value of the code's own class
+        control.write(json.dumps({'value': value}) + '\n')
+        control.flush()
 
 
 if __name__ == '__main__':
