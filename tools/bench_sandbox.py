@@ -1,33 +1,47 @@
-"""Per-test overhead of the code sandbox, before and after file-system containment.
+"""Per-test overhead of the code sandbox before and after the current containment, and a
+burst of concurrent reward calls.
 
 "Before" is the sandbox as it was at ``--before-rev`` (loaded from git into a temporary
-package; network/PID containment only), "after" is the working tree's, at every
-containment level available here. Each mechanism runs the same one-line stdin program
-(``print(input())``), in interleaved rounds so that machine load affects all alike;
-the median round is reported in ms per sandboxed test, with the ratio to the
-before-default (the strongest level before: ``namespaces`` where available).
+package), at its strongest level (bubblewrap, where the code ran under the trainer's uid:
+root in CI); "after" is the working tree's, at every containment level available here.
+Each runs the same one-line stdin program (``print(input())``) in interleaved rounds so
+that machine load affects all alike; the median round is reported in ms per sandboxed
+test, with the ratio to the before-figure (goal: <= 1.5).
+
+Then ``--concurrent`` (default 64) ``CodeReward`` calls at once from a thread pool (half
+correct, half wrong solutions of a stdin problem): all must finish with the right score;
+the wall time and calls per second are printed. The last line is one JSON object.
 
 Usage:
     OMP_NUM_THREADS=1 .venv/bin/python tools/bench_sandbox.py [--runs 20] [--rounds 5]
 """
 
 import argparse
-import importlib.util
+import importlib
+import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gepo_xtuner.reward import CodeReward  # noqa: E402
 from gepo_xtuner.reward.sandbox import LEVELS, Sandbox, available_levels  # noqa: E402
 
-#: The last revision of the sandbox without file-system containment.
-BEFORE_REV = '5ee3c42'
+#: The last revision whose sandbox ran the code under the trainer's own uid.
+BEFORE_REV = '99f01ae'
+BEFORE_LEVEL = 'bwrap'  # its name for the strongest level
 FILES = ('sandbox.py', 'sandbox_harness.py')
+PROBLEM = {'tests': [{'input': '2 3\n', 'output': '5\n'}]}
+RIGHT = '```python\na, b = map(int, input().split())\nprint(a + b)\n```'
+WRONG = '```python\na, b = map(int, input().split())\nprint(a * b)\n```'
 
 
 def load_before(rev: str, where: Path):
@@ -39,10 +53,11 @@ def load_before(rev: str, where: Path):
         text = subprocess.run(['git', 'show', f'{rev}:gepo_xtuner/reward/{name}'], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout
         (pkg / name).write_text(text)
-    spec = importlib.util.spec_from_file_location('sandbox_before.sandbox', pkg / 'sandbox.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.Sandbox
+    sys.path.insert(0, str(where))
+    try:
+        return importlib.import_module('sandbox_before.sandbox').Sandbox
+    finally:
+        sys.path.remove(str(where))
 
 
 def time_runs(box, runs: int) -> float:
@@ -54,40 +69,68 @@ def time_runs(box, runs: int) -> float:
     return (time.perf_counter() - start) / runs * 1000
 
 
+def burst(n: int) -> dict:
+    """``n`` concurrent CodeReward calls; checks every score."""
+    reward = CodeReward(timeout_s=10)
+    completions = [RIGHT if i % 2 == 0 else WRONG for i in range(n)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        scores = list(pool.map(lambda c: reward(c, PROBLEM), completions))
+    wall = time.perf_counter() - start
+    wrong = sum(s != (1.0 if c == RIGHT else 0.0) for s, c in zip(scores, completions))
+    return {'concurrent_calls': n, 'wrong_scores': wrong, 'burst_s': round(wall, 2),
+            'calls_per_s': round(n / wall, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--runs', type=int, default=20, help='runs per mechanism and round')
     parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds')
+    parser.add_argument('--concurrent', type=int, default=64, help='calls in the burst')
     parser.add_argument('--before-rev', default=BEFORE_REV,
                         help=f'git revision of the "before" sandbox (default {BEFORE_REV})')
     args = parser.parse_args()
     boxes = {}
     with tempfile.TemporaryDirectory() as tmp:
         before_cls = load_before(args.before_rev, Path(tmp))
-        for level in ('unsafe_files', 'unsafe'):
-            try:
-                boxes[f'before {level}'] = before_cls(isolation=level)
-            except Exception as exc:  # noqa: BLE001  (unavailable here)
-                print(f'before {level}: unavailable ({exc})')
+        try:
+            boxes['before'] = before_cls(isolation=BEFORE_LEVEL)
+        except Exception as exc:  # noqa: BLE001  (unavailable here)
+            print(f'before {BEFORE_LEVEL}: unavailable ({exc})')
         why_not = available_levels()
         for level in reversed(LEVELS):
             if why_not[level] is None:
                 boxes[f'after {level}'] = Sandbox(isolation=level)
             else:
-                print(f'after {level}: unavailable ({why_not[level]})')
+                print(f'after {level}: unavailable ({why_not[level][:120]})')
         times = {name: [] for name in boxes}
         for box in boxes.values():
             time_runs(box, 2)  # warm-up (page cache, probes)
         for _ in range(args.rounds):
             for name, box in boxes.items():
                 times[name].append(time_runs(box, args.runs))
-    base_name = next((n for n in ('before namespaces', 'before audit_hook') if n in times), None)
-    base = statistics.median(times[base_name]) if base_name else float('nan')
-    print(f'\n{"mechanism":<22} {"ms/test":>8} {"min..max":>14} {"ratio":>6}   '
-          f'(median of {args.rounds} rounds x {args.runs} runs; ratio to {base_name})')
+    base = statistics.median(times['before']) if 'before' in times else float('nan')
+    cpu = next((line.split(':', 1)[1].strip() for line in
+                Path('/proc/cpuinfo').read_text().splitlines()
+                if line.startswith('model name')), platform.processor())
+    print(f'\n{cpu}, {os.cpu_count()} cores, {"root" if os.geteuid() == 0 else "non-root"}')
+    print(f'{"mechanism":<22} {"ms/test":>8} {"min..max":>14} {"ratio":>6}   '
+          f'(median of {args.rounds} rounds x {args.runs} runs; ratio to before '
+          f'{args.before_rev} {BEFORE_LEVEL})')
+    summary = {}
     for name, values in times.items():
         med = statistics.median(values)
+        summary[name.replace(' ', '_')] = round(med, 1)
         print(f'{name:<22} {med:8.1f} {min(values):6.1f}..{max(values):<6.1f} {med / base:6.2f}')
+    strongest = next((f'after_{lv}' for lv in reversed(LEVELS) if f'after_{lv}' in summary), None)
+    if strongest and 'before' in summary:
+        summary['ratio_after_over_before'] = round(summary[strongest] / summary['before'], 2)
+    summary.update(burst(args.concurrent))
+    print(f'{args.concurrent} concurrent reward calls: {summary["burst_s"]} s, '
+          f'{summary["calls_per_s"]} calls/s, wrong scores: {summary["wrong_scores"]}')
+    print(json.dumps(summary))
+    if summary['wrong_scores']:
+        sys.exit(1)
 
 
 if __name__ == '__main__':

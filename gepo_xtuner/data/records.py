@@ -15,7 +15,11 @@ field             type                         meaning
 ``answer``        str, number or list          reference answer (math, numeric, choice, chart)
 ``choices``       list or ``{letter: text}``   multiple-choice options
 ``unit``          str, optional                unit of a bare-number ``answer``
-``tests``         non-empty list of dicts      code tests
+``tests``         non-empty list of dicts      code tests (stdin/stdout or calls)
+``test_list``     non-empty list of str        code: MBPP's assert strings (with
+                                               ``test_setup_code`` / ``test_imports``)
+``test``          str with ``check(candidate)``  code: HumanEval's test, with
+                                               ``entry_point``
 ``instructions``  non-empty list of dicts      ``{"id": ..., "kwargs": {...}}`` constraints
 ``id``            str or int, optional         default ``<file stem>-<line>`` (Parquet:
                                                ``<file stem>-<row>``); ints become strings
@@ -43,7 +47,8 @@ URL_SCHEMES = ('http://', 'https://', 'data:', 's3://', 'gs://', 'oss://')
 ROLES = ('system', 'user', 'assistant', 'tool')
 #: Fields with a documented meaning (anything else is kept as is).
 KNOWN_FIELDS = ('prompt', 'messages', 'domain', 'data_source', 'images', 'answer', 'choices',
-                'unit', 'tests', 'instructions', 'id', 'metadata')
+                'unit', 'tests', 'test_list', 'test_setup_code', 'test_imports',
+                'challenge_test_list', 'test', 'entry_point', 'instructions', 'id', 'metadata')
 PARQUET_SUFFIXES = ('.parquet', '.pq')
 
 
@@ -183,9 +188,27 @@ def _check_references(record: dict, p: _Problems) -> None:
               'write the unit, e.g. "km"')
     if 'tests' in record:
         tests = record['tests']
-        if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
+        if isinstance(tests, list) and tests and all(isinstance(t, str) for t in tests):
+            p.add('tests', 'is a list of strings (assert statements, as MBPP writes them)',
+                  "name the field 'test_list', MBPP's own name, and they are run as asserts")
+        elif not isinstance(tests, list) or not tests or not all(
+                isinstance(t, dict) for t in tests):
             p.add('tests', f'must be a non-empty list of test objects, got {_type(tests)}',
                   'write [{"input": "...", "output": "..."}]')
+    for name in ('test_list', 'challenge_test_list', 'test_imports'):
+        if name in record and not (isinstance(record[name], list) and all(
+                isinstance(t, str) for t in record[name])
+                and (record[name] or name != 'test_list')):
+            p.add(name, f'must be a {"non-empty " if name == "test_list" else ""}list of '
+                  f'strings, got {_type(record[name])}',
+                  'write MBPP\'s assert statements, e.g. ["assert f(1) == 2"]')
+    if 'test' in record and 'entry_point' in record:
+        if not isinstance(record['test'], str) or 'def check(' not in record['test']:
+            p.add('test', "must be HumanEval's test program defining check(candidate)",
+                  'copy the record\'s "test" field as published')
+        if not isinstance(record['entry_point'], str) or not record['entry_point'].isidentifier():
+            p.add('entry_point', f'must be a function name, got {record["entry_point"]!r}',
+                  'write the name of the function the tests call')
     if 'instructions' in record:
         items = record['instructions']
         if not isinstance(items, list) or not items:

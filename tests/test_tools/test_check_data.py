@@ -133,3 +133,21 @@ def test_files_with_other_column_names_are_checked_as_the_dataset_reads_them(dat
     assert 'domain        math 1' in proc.stdout
     assert 'fields        prompt 1, answer 1' in proc.stdout
     assert check(path, '--fields', 'prompt').returncode == 2
+
+
+def test_published_code_benchmarks_are_checked_as_published(data):
+    """MBPP (prompt in 'text') and HumanEval records as published pass; MBPP's assert
+    strings put under 'tests' are refused with the field name to use."""
+    from tests.test_reward.test_code_published import HUMANEVAL_2, MBPP_11
+    mbpp = jsonl(data / 'mbpp.jsonl', [MBPP_11])
+    proc = check(mbpp, '--fields', 'prompt=text', '--default-domain', 'code')
+    assert proc.returncode == 0, proc.stdout
+    humaneval = jsonl(data / 'humaneval.jsonl', [HUMANEVAL_2])
+    assert check(humaneval, '--default-domain', 'code').returncode == 0
+    renamed = dict(MBPP_11, tests=MBPP_11['test_list'])
+    del renamed['test_list']
+    proc = check(jsonl(data / 'bad.jsonl', [renamed]), '--fields', 'prompt=text',
+                 '--default-domain', 'code')
+    assert proc.returncode == 1
+    assert "field 'tests': is a list of strings" in proc.stdout
+    assert "name the field 'test_list'" in proc.stdout
