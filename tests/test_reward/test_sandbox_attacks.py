@@ -370,3 +370,28 @@ def test_attacks_as_an_unprivileged_trainer():
         assert _kernel_settings() == settings
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_paper_configs_refuse_the_unsafe_levels(monkeypatch):
+    """Every paper config (configs/*_intern_s1_mini.py, *_qwen3_5_9b.py) requires
+    'contained' or stronger: on a machine where only the audit-hook levels work,
+    building its code reward is an error naming why."""
+    from mmengine.config import Config
+
+    import gepo_xtuner.reward.sandbox as sandbox_module
+    from gepo_xtuner.registry import REWARDS
+    from gepo_xtuner.reward.sandbox import SandboxError
+    root = Path(__file__).parents[2]
+    monkeypatch.setenv('GEPO_MODEL_PATH', '/models/any')
+    monkeypatch.setenv('GEPO_DATA_DIR', '/data/any')
+    paper = sorted([*root.glob('configs/*_intern_s1_mini.py'),
+                    *root.glob('configs/*_qwen3_5_9b.py')])
+    assert len(paper) >= 10
+    for path in paper:
+        code_cfg = Config.fromfile(path).train_cfg['rewards']['code']
+        assert code_cfg['min_containment'] == 'contained', path
+    monkeypatch.setattr(sandbox_module, 'available_levels', lambda python=None: {
+        'isolated': 'no bwrap binary', 'contained': 'the kernel has no Landlock',
+        'unsafe_files': None, 'unsafe': None})
+    with pytest.raises(SandboxError, match="needs containment level 'contained'"):
+        REWARDS.build(code_cfg)
