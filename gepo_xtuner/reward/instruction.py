@@ -13,11 +13,12 @@ No instruction is checked by code of this project. The NLTK data some checkers
 read is provided offline by :mod:`gepo_xtuner.reward.nltk_data`.
 """
 
-import contextlib
 import inspect
-import io
+import logging
 from collections.abc import Mapping
 from typing import Any, Literal
+
+from mmengine.logging import print_log
 
 from ..registry import REWARDS
 from .base import Reward
@@ -32,15 +33,15 @@ def instruction_checkers() -> dict[str, tuple[str, type]]:
 
     Imported once; provides the English Punkt model first
     (:func:`~gepo_xtuner.reward.nltk_data.ensure_punkt_tab`). IFBench's module tries
-    to download the NLTK data it lacks when imported; offline, that fails and prints
-    one error per resource, which is captured here: the checkers that need a missing
-    resource are refused when records are checked, with the fix.
+    to download the NLTK data it lacks when imported; offline, NLTK prints one error
+    per resource, preceded by a warning saying what it means: the checkers that need
+    a missing resource are refused when records are checked, with the fix.
     """
     global _CHECKERS
     if _CHECKERS is None:
         from langdetect import DetectorFactory
 
-        from .nltk_data import ensure_punkt_tab, missing_at_import
+        from .nltk_data import RESOURCES, ensure_punkt_tab, missing_at_import
         ensure_punkt_tab()
         # IFEval's language checker calls langdetect, which samples: seeded, a response
         # gets the same reward every time (a resumed run repeats the straight one)
@@ -51,12 +52,14 @@ def instruction_checkers() -> dict[str, tuple[str, type]]:
             raise ImportError(f'InstructionFollowingReward needs the if-verifiable package '
                               f'(Python >= 3.11): pip install "if-verifiable>=0.1.2,<0.2" '
                               f'({exc})') from exc
-        quiet = contextlib.ExitStack()
-        if missing_at_import():
-            quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
-            quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
-        with quiet:
-            from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT as ifbench
+        missing = [r for r in missing_at_import() if r in RESOURCES]
+        if missing:
+            print_log(f'IFBench\'s checkers download the NLTK data {missing} when imported (the '
+                      '[nltk_data] lines that follow, if this machine is offline); without it, '
+                      f'records with {sorted({i for r in missing for i in RESOURCES[r]})} are '
+                      'refused when checked (docs/rewards.md)', logger='current',
+                      level=logging.WARNING)
+        from if_verifiable.ifbench.instructions_registry import INSTRUCTION_DICT as ifbench
         _CHECKERS = {**{i: ('ifeval', c) for i, c in ifeval.items()},
                      **{i: ('ifbench', c) for i, c in ifbench.items()}}
     return _CHECKERS
