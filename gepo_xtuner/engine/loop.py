@@ -25,7 +25,7 @@ from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro
                        minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
 from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
-from .requests import encode_request
+from .requests import check_policy_inputs, encode_request
 from .validation import Validator
 
 
@@ -193,6 +193,7 @@ class RLTrainLoop(BaseLoop):
         self.runner.call_hook('before_train')
         policy = self.policy
         tokenizer = policy.tokenizer
+        self._check_policy_inputs(policy)
         self.rollout.attach(policy.llm, tokenizer)
         self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
         cfg = dict(self._sampling_cfg)
@@ -222,6 +223,16 @@ class RLTrainLoop(BaseLoop):
         self.runner.call_hook('after_train')
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched
         return self.runner.model
+
+    def _check_policy_inputs(self, policy) -> None:
+        """Chat records, images: readable by this policy? (before the first step)"""
+        sets = {'train_dataloader.dataset':
+                getattr(getattr(self.dataloader, 'dataset', None), 'records', None) or []}
+        for vs in (self.validator.sets if self.validator else ()):
+            sets[f'train_cfg.val {vs.name or "path"}'] = vs.records
+        for warning in check_policy_inputs(sets, policy.tokenizer,
+                                           getattr(policy, 'processor', None)):
+            print_log(warning, logger='current', level=logging.WARNING)
 
     def encode_requests(self, records: list[dict]) -> list[RolloutRequest]:
         """Rollout requests for ``records``: token ids, and for records with images the

@@ -49,8 +49,13 @@ def encode_request(record: dict, tokenizer: Any, processor: Any = None,
     if not images:
         return RolloutRequest(encode_prompt(tokenizer, record, template))
     text, special = image_prompt_text(record, tokenizer, processor, template)
-    encoded = processor(text=[text], images=[load_image(record, x) for x in images],
-                        return_tensors='pt', **special)
+    try:
+        encoded = processor(text=[text], images=[load_image(record, x) for x in images],
+                            return_tensors='pt', **special)
+    except ValueError as exc:  # e.g. Qwen2-VL: a side below patch_size x merge_size
+        raise ValueError(f"record {record.get('id')!r} (images {list(images)}): the processor "
+                         f'refused it: {exc}; tools/check_data.py FILE --model MODEL_DIR names '
+                         'every such image with the fix') from None
     mm = {k: v for k, v in encoded.items() if k not in TEXT_KEYS and isinstance(v, Tensor)}
     return RolloutRequest(tokenizer(text, **special)['input_ids'], images=list(images),
                           model_input_ids=encoded['input_ids'][0].tolist(), mm_inputs=mm)
@@ -151,3 +156,33 @@ def load_image(record: dict, image: Any) -> Any:
     except (OSError, ValueError) as exc:
         raise ValueError(f"record {record.get('id')!r}: cannot load image {image!r} ({exc})"
                          ) from None
+
+
+def check_policy_inputs(record_sets: dict[str, list[dict]], tokenizer: Any, processor: Any = None
+                        ) -> list[str]:
+    """Checks records against the policy before the first step; returns the warnings.
+
+    Chat records need a chat template, images must be readable images (header and
+    structure; ``tools/check_data.py`` decodes every pixel) and at least the
+    processor's smallest side; images above its ``max_pixels`` are warned about
+    (:mod:`gepo_xtuner.data.inputs`).
+
+    Args:
+        record_sets: what the records are (e.g. ``'train_dataloader.dataset'``) -> records.
+
+    Raises:
+        ValueError: naming up to 20 bad records (id, field, file) with the fix.
+    """
+    from ..data.inputs import PolicyInputs, check_all
+
+    inputs = PolicyInputs.from_objects(tokenizer, processor)
+    problems, warnings = [], []
+    for what, records in record_sets.items():
+        pairs = [(f"{what}: record {r.get('id')!r}", r) for r in records
+                 if 'messages' in r or r.get('images')]
+        p, w = check_all(pairs, inputs, decode=False)
+        problems += p
+        warnings += w
+    if problems:
+        raise ValueError('records the policy cannot read:\n  ' + '\n  '.join(problems))
+    return warnings

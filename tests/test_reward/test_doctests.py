@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ['answer', 'base', 'chart', 'choice', 'code', 'ifeval_checks', 'instruction', 'math',
+MODULES = ['answer', 'base', 'chart', 'choice', 'code', 'instruction', 'math',
            'math_check', 'numeric', 'numeric_check', 'sandbox', 'worker']
 
 

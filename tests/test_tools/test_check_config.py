@@ -360,3 +360,26 @@ def test_data_files_are_checked_as_the_dataset_reads_them(locations, tmp_path):
     proc = check(cfg, env=locations)
     assert f"{data}:1: field 'answer': missing; this dataset requires ['answer']" in proc.stdout
     assert f'{data}:2: not valid JSON' in proc.stdout
+
+
+def test_chat_parquet_needs_the_tokenizers_chat_template(locations, tmp_path):
+    """Chat records as published (``messages``) in Parquet, and a policy whose tokenizer
+    has no chat template: refused before step 1, naming file, row and the fix."""
+    import pandas as pd
+    data = tmp_path / 'chat.parquet'
+    pd.DataFrame([{'messages': [{'role': 'user', 'content': 'What is 2 + 2?'}],
+                   'domain': 'math', 'answer': '4'}] * 2).to_parquet(data)
+    cfg = tmp_path / 'chat.py'
+    cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+                   "train_dataloader = dict(dataset=dict(_delete_=True, type='PromptDataset', "
+                   f"path='{data}'))\n")
+    model = Path(locations['GEPO_TINY_DIR']) / 'model'
+    proc = check(cfg, env=locations)
+    assert proc.returncode == 1
+    assert (f"train_dataloader.dataset: {data}:row 1: field 'messages': chat turns need a chat "
+            f'template, and {model} has none; use the chat model\'s tokenizer') in proc.stdout
+    (model / 'tokenizer_config.json').write_text(json.dumps(dict(
+        chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}")))
+    proc = check(cfg, env=locations)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f'{data} [exists, 0.0 MiB], 2 records checked' in proc.stdout

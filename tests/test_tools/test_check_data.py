@@ -37,10 +37,16 @@ def jsonl(path: Path, rows: list) -> Path:
     return path
 
 
+def png(path: Path, width: int = 64, height: int = 64) -> Path:
+    from PIL import Image
+    Image.new('RGB', (width, height), (200, 30, 30)).save(path)
+    return path
+
+
 @pytest.fixture
 def data(tmp_path) -> Path:
     (tmp_path / 'img').mkdir()
-    (tmp_path / 'img' / 'a.png').write_bytes(b'\x89PNG')
+    png(tmp_path / 'img' / 'a.png')
     return tmp_path
 
 
@@ -151,3 +157,73 @@ def test_published_code_benchmarks_are_checked_as_published(data):
     assert proc.returncode == 1
     assert "field 'tests': is a list of strings" in proc.stdout
     assert "name the field 'test_list'" in proc.stdout
+
+
+def test_a_utf8_byte_order_mark_is_read(data):
+    path = data / 'bom.jsonl'
+    path.write_bytes('\ufeff'.encode() + ''.join(json.dumps(r) + '\n' for r in GOOD[:2]).encode())
+    proc = check(path)
+    assert proc.returncode == 0, proc.stdout
+    assert f'{path}: OK, 2 records' in proc.stdout
+
+
+def test_images_that_do_not_decode_are_refused_with_record_and_file(data):
+    good = png(data / 'img' / 'b.png').read_bytes()
+    (data / 'img' / 'cut.png').write_bytes(good[:len(good) // 2])  # truncated pixel data
+    (data / 'img' / 'text.png').write_text('not an image')
+    rows = [GOOD[0], dict(GOOD[1], images=['img/cut.png']), dict(GOOD[1], images=['img/text.png'])]
+    path = jsonl(data / 'broken_images.jsonl', rows)
+    proc = check(path)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"{path}:2: field 'images[0]': {data / 'img' / 'cut.png'} does "
+                               'not decode as an image (')
+    assert lines[1].startswith(f"{path}:3: field 'images[0]': {data / 'img' / 'text.png'} does "
+                               'not decode as an image (')
+    assert lines[1].endswith('re-save it as PNG or JPEG, or remove it from the record')
+
+
+@pytest.fixture(scope='module')
+def models(tmp_path_factory) -> dict[str, Path]:
+    """A text tokenizer without a chat template and a Qwen2-VL processor, as saved by
+    transformers (max_pixels 84 x 84, the tiny test model's)."""
+    from gepo_xtuner.model.tiny_vl import build_vl_processor, build_vl_tokenizer
+    out = tmp_path_factory.mktemp('models')
+    tokenizer = build_vl_tokenizer()
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(out / 'plain')
+    build_vl_processor(build_vl_tokenizer()).save_pretrained(out / 'vl')
+    return dict(plain=out / 'plain', vl=out / 'vl')
+
+
+def test_chat_records_need_the_models_chat_template(data, models):
+    chat = {'id': 'c', 'domain': 'math', 'answer': '4',
+            'messages': [{'role': 'user', 'content': 'What is 2 + 2?'}]}
+    path = jsonl(data / 'chat.jsonl', [GOOD[0], chat])
+    proc = check(path, '--model', models['plain'])
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == (
+        f"{path}:2: field 'messages': chat turns need a chat template, and {models['plain']} has "
+        "none; use the chat model's tokenizer (model.tokenizer, whose tokenizer_config.json sets "
+        'chat_template), or give the text as "prompt"')
+    assert check(path, '--model', models['vl']).returncode == 0
+    assert check(path).returncode == 0  # without a model: the schema only
+
+
+def test_images_below_the_processors_minimum_and_above_its_maximum(data, models):
+    png(data / 'img' / 'tiny.png', 20, 40)
+    png(data / 'img' / 'huge.png', 400, 300)
+    rows = [dict(GOOD[1], images=['img/a.png']), dict(GOOD[1], images=['img/tiny.png']),
+            dict(GOOD[1], images=['img/huge.png'])]
+    path = jsonl(data / 'sizes.jsonl', rows)
+    proc = check(path, '--model', models['vl'])
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == (
+        f"{path}:2: field 'images[0]': {data / 'img' / 'tiny.png'} is 20x40 px, below the 28 px "
+        f"per side that {models['vl']}'s image processor needs (patch_size x merge_size); "
+        'upscale or pad it to at least 28x28 (e.g. PIL.ImageOps.pad), or remove it')
+    proc = check(jsonl(data / 'big.jsonl', [rows[0], rows[2]]), '--model', models['vl'])
+    assert proc.returncode == 0, proc.stdout
+    assert (f"warning: {data / 'big.jsonl'}:2: field 'images[0]': {data / 'img' / 'huge.png'} "
+            f"is 400x300 px (0.1 M), above the max_pixels 7056 of {models['vl']}: it is decoded "
+            'and downscaled again on every step that draws it') in proc.stdout
