@@ -666,7 +666,11 @@ def smoke(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from mmengine.logging import MMLogger
-    MMLogger.get_instance('check_config', log_level=logging.WARNING)  # quiet mmengine's INFO
+    logger = MMLogger.get_instance('check_config', log_level=logging.WARNING)  # quiet INFO
+    if args.json:  # stdout holds the JSON alone: log lines (a reward's warning) to stderr
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+                handler.setStream(sys.stderr)
     import gepo_xtuner  # noqa: F401  (registers what the configs name)
 
     if args.smoke_steps is not None:
