@@ -4,7 +4,10 @@
 (FastAPI routers, request validation and its error handler, the sleeping and API-key
 middlewares, the health monitor, the merge of ``generation_config.json`` defaults, the
 chat template's stop words, stop-token trimming, sessions and the request-handle pool of
-``max_batch_size`` handles, uvicorn) in a thread of the test process. Only the engine
+``max_batch_size`` handles, uvicorn) in a thread of the test process, or as a process of
+its own (``python -m tests.test_rollout.lmdeploy_cpu_engine MODEL --server-port P
+--logprobs-mode raw_logprobs``, :func:`main`), e.g. for a weight-update group, whose two
+ends cannot share a process. Only the engine
 is replaced: ``serve()`` asks ``get_task`` for its ``AsyncEngine`` class and gets
 :class:`CPUAsyncEngine`, whose ``_build_pytorch`` returns :class:`CPUEngine` (LMDeploy's
 engine needs CUDA). The stand-in generates token by token with a Hugging Face causal LM
@@ -16,8 +19,8 @@ requests), and joins weight-update groups with LMDeploy's own
 engine does there.
 
 Test hooks on :class:`CPUEngine`: ``token_delay_s`` (per generated token),
-``fail_next`` (names of engine calls that raise once, e.g. ``'update_weights_from_distributed'``),
-and the records ``max_running`` (requests generating at once) and ``requests``.
+``failing`` (names of engine calls that raise while listed, e.g. ``'sleep'``), and the
+records ``max_running`` (requests generating at once) and ``requests``.
 """
 
 import asyncio
@@ -57,7 +60,7 @@ class CPUEngine:
             engine_config.max_batch_size = 8
         self.engine_config = engine_config
         self.token_delay_s = 0.0
-        self.fail_next: set[str] = set()
+        self.failing: set[str] = set()
         self.requests: list[dict] = []
         self.running = 0
         self.max_running = 0
@@ -68,8 +71,7 @@ class CPUEngine:
         self._model_lock = threading.Lock()
 
     def _maybe_fail(self, name: str) -> None:
-        if name in self.fail_next:
-            self.fail_next.discard(name)
+        if name in self.failing:
             raise RuntimeError(f'injected engine failure in {name}')
 
     # -------------------------------------------------------------- generation
@@ -132,7 +134,7 @@ class CPUEngine:
                 self.tick += 1
                 seen.append(token)
                 feed = [token]
-                last = (token in stops and t + 1 >= gen_config.min_new_tokens) or t + 1 == limit
+                last = (token in stops and t + 1 >= (gen_config.min_new_tokens or 0)) or t + 1 == limit
                 yield EngineOutput(ResponseType.FINISH if last else ResponseType.SUCCESS,
                                    [token], logprobs=[logprobs])
                 if last:
@@ -207,6 +209,13 @@ class CPUEngine:
         dist.destroy_process_group(group)
         return True, 'Destroyed weights update group.'
 
+    async def get_checkpoint_engine_status(self) -> list[dict]:
+        """One entry per tensor-parallel rank, as the engine's workers answer (the
+        checkpoint-engine receiver itself needs CUDA: never ready here)."""
+        return [{'rank': r, 'device_uuid': f'CPU-{r}', 'ready': False,
+                 'message': 'checkpoint-engine IPC needs CUDA', 'checkpoint_engine_version': None}
+                for r in range(self.engine_config.tp)]
+
     def end_session(self, session_id: int) -> bool:
         return True
 
@@ -253,6 +262,7 @@ class LMDeployCPUServer:
         stop_words: the chat template's stop words (a named template's ``stop_words``,
             via ``ChatTemplateConfig('base', stop_words=...)``); ``None``: the model's own.
         session_len: ``--session-len``.
+        tp: ``--tp`` (the stand-in reports that many engine workers).
         env: environment variables set while the server starts (e.g. the health
             monitor's ``LMDEPLOY_HEALTH_POLL_INTERVAL``).
     """
@@ -260,17 +270,17 @@ class LMDeployCPUServer:
     def __init__(self, model_path: str, logprobs_mode: str | None = 'raw_logprobs',
                  max_batch_size: int = 8, api_keys: list[str] | None = None,
                  stop_words: list[str] | None = None, session_len: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 tp: int = 1, env: dict[str, str] | None = None) -> None:
         self.model_path = str(model_path)
         self.port = free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         self.config = PytorchEngineConfig(logprobs_mode=logprobs_mode,
                                           max_batch_size=max_batch_size,
-                                          session_len=session_len, enable_metrics=False)
+                                          session_len=session_len, tp=tp, enable_metrics=False)
         self.api_keys = api_keys
         self.chat_template = None if stop_words is None else ChatTemplateConfig(
             'base', stop_words=stop_words)
-        self.env = env or {}
+        self.env = {'UVICORN_LOG_LEVEL': 'warning', **(env or {})}
         self.uvicorn: uvicorn.Server | None = None
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -304,8 +314,7 @@ class LMDeployCPUServer:
             try:
                 api_server.serve(self.model_path, backend='pytorch', backend_config=self.config,
                                  chat_template_config=self.chat_template, server_name='127.0.0.1',
-                                 server_port=self.port, api_keys=self.api_keys,
-                                 log_level='ERROR')
+                                 server_port=self.port, api_keys=self.api_keys, log_level='ERROR')
             except BaseException as e:  # noqa: BLE001 (reported by start())
                 self.error = e
                 ready.set()
@@ -363,3 +372,33 @@ def _env(values: dict[str, str]):
             else:
                 os.environ[k] = v
 
+
+
+def main() -> None:
+    """``lmdeploy serve api_server`` with the CPU stand-in engine, as a process of its own
+    (the flags of LMDeploy's CLI that the tests use). SIGTERM stops it as it stops
+    LMDeploy's server (uvicorn's shutdown, then the app's lifespan)."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument('model_path')
+    parser.add_argument('--server-name', default='127.0.0.1')
+    parser.add_argument('--server-port', type=int, default=23333)
+    parser.add_argument('--backend', default='pytorch', choices=['pytorch'])
+    parser.add_argument('--tp', type=int, default=1)
+    parser.add_argument('--max-batch-size', type=int, default=8)
+    parser.add_argument('--logprobs-mode', default=None, choices=['raw_logprobs', 'raw_logits'])
+    parser.add_argument('--api-keys', nargs='*', default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault('UVICORN_LOG_LEVEL', 'warning')
+    config = PytorchEngineConfig(logprobs_mode=args.logprobs_mode, tp=args.tp,
+                                 max_batch_size=args.max_batch_size, enable_metrics=False)
+    api_server.get_task = lambda *a, **k: ('llm', CPUAsyncEngine)
+    print(f'LMDeploy api_server (CPU stand-in engine) serving {args.model_path}', flush=True)
+    api_server.serve(args.model_path, backend='pytorch', backend_config=config,
+                     server_name=args.server_name, server_port=args.server_port,
+                     api_keys=args.api_keys, log_level='ERROR')
+
+
+if __name__ == '__main__':
+    main()
