@@ -272,7 +272,7 @@ class LMDeployRolloutBackend(RolloutBackend):
                 pool.close()
                 asleep = any(ASLEEP in s.reason for s in pool.servers)
                 raise LMDeployServerError(pool.describe_out(
-                    f'no ready LMDeploy server at {self.url}') + (
+                    f'no {"awake" if asleep else "healthy"} LMDeploy server at {self.url}') + (
                     '\nA sleeping server is woken by POST URL/wakeup; this backend wakes '
                     "the server it puts to sleep itself (weight_sync mode 'ipc' with sleep_wake)"
                     if asleep else '\nStart one, e.g. '
