@@ -127,6 +127,9 @@ class LMDeployProtocolDouble:
         self.groups: dict[str, Any] = {}
         self.fail_next: list[int] = []
         self.delay_s = 0.0
+        self.token_delay_s = 0.0
+        self.running = 0
+        self.max_running = 0
         self.omit_logprobs = False
         self.max_in_flight = 0
         self.generate_attempts = 0
@@ -222,7 +225,14 @@ class LMDeployProtocolDouble:
             self.bodies.append(req)
             self._check(req)
             with self._slots:  # the request-handle pool
-                return self._generate(req)
+                with self._lock:
+                    self.running += 1
+                    self.max_running = max(self.max_running, self.running)
+                try:
+                    return self._generate(req)
+                finally:
+                    with self._lock:
+                        self.running -= 1
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -281,12 +291,14 @@ class LMDeployProtocolDouble:
         finish = 'length'
         epoch = self._epoch
         limit = min(req.max_tokens or self.session_len, self.session_len - len(req.input_ids))
-        with self._model_lock:
-            past, inputs = None, torch.tensor([req.input_ids])
-            for _ in range(limit):
-                if self._epoch != epoch:
-                    finish = 'abort'
-                    break
+        past, inputs = None, torch.tensor([req.input_ids])
+        for _ in range(limit):
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            if self._epoch != epoch:
+                finish = 'abort'
+                break
+            with self._model_lock:
                 out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1].float()
                 token = self._sample(logits, temperature, cfg.get('top_p', 1.0), top_k)
@@ -354,7 +366,7 @@ class LMDeployProtocolDouble:
             raise _error(HTTPStatus.BAD_REQUEST, 'this double takes one serialized string '
                          'without load_format')
         if not torch.cuda.is_available():
-            raise _error(HTTPStatus.INTERNAL_SERVER_ERROR, 'CUDA IPC weights need a GPU')
+            raise RuntimeError('CUDA IPC handles can only be opened on a GPU')
         named = []
         for name, (rebuild, args) in ForkingPickler.loads(
                 base64.b64decode(req.serialized_named_tensors)):
@@ -427,12 +439,14 @@ def _handler_for(double: LMDeployProtocolDouble) -> type[BaseHTTPRequestHandler]
                     method, parts.path, parse_qs(parts.query), self.headers, raw)
             except _Reply as r:
                 status, body = r.status, r.body
-            except Exception as e:  # noqa: BLE001 (a server answers 500, it does not die)
-                status, body = HTTPStatus.INTERNAL_SERVER_ERROR, _error(500, repr(e)).body
-            data = b'' if body is None else b'null' if body is NULL else json.dumps(body).encode()
+            except Exception:  # noqa: BLE001 (as uvicorn/starlette: a bare-text 500)
+                status, body = HTTPStatus.INTERNAL_SERVER_ERROR, 'Internal Server Error'
+            data = b'' if body is None else b'null' if body is NULL else body.encode() \
+                if isinstance(body, str) else json.dumps(body).encode()
             try:
                 self.send_response(status)
-                self.send_header('Content-Type', 'application/json')
+                self.send_header('Content-Type', 'text/plain; charset=utf-8'
+                                 if isinstance(body, str) else 'application/json')
                 self.send_header('Content-Length', str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
