@@ -26,6 +26,8 @@ from gepo_xtuner.rollout import (
 )
 from gepo_xtuner.rollout.http_pool import HTTPPool, ServerRequestError
 
+from tests.test_engine.conftest import tiny_dir  # noqa: F401 (a fixture)
+
 from .conftest import ROOT, load_policy
 
 PROMPTS = [[1, 14, 20, 33], [1, 9, 9], [1, 40, 41, 42, 43, 44], [1, 5]]
@@ -351,3 +353,24 @@ def test_requests_queued_behind_the_batch_limit_do_not_time_out(lmdeploy_server)
         backend.generate(_requests(prompts[:1]), params)
     assert time.monotonic() - start < 5
     backend.close()
+
+
+# ------------------------------------------------------------------ xtuner train
+def test_one_rl_step_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
+    """``xtuner train`` (its entry point, a process of its own) samples from LMDeploy's
+    server code and pushes its new weights over the weight-update-group protocol (gloo).
+    The server's raw logprobs equal the trainer's at temperature 1."""
+    from tests.test_engine.conftest import scalars, train, write_config
+    server = lmdeploy_server(tiny_dir / 'model')
+    cfg = write_config(tmp_path, extra=f"""
+        train_cfg = dict(rollout=dict(
+            _delete_=True, type='LMDeployRolloutBackend', server_url={server.url!r},
+            max_retries=0, timeout_s=120, weight_sync=dict(mode='nccl', backend='gloo',
+                                                           timeout_s=120)))
+    """)
+    train(cfg, tmp_path / 'run', tiny_dir, 'train_cfg.max_steps=1', 'train_cfg.val=None')
+    logged = scalars(tmp_path / 'run')
+    assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
+    assert logged[1]['rollout/server/0/requests'] == 4 * 4  # B x K, one request each
+    assert not server.engine.groups  # the trainer tore its group down at the end
+    assert len(server.engine.requests) == 16
