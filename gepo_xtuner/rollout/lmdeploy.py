@@ -271,12 +271,18 @@ class LMDeployRolloutBackend(RolloutBackend):
             if not pool.ready_servers():
                 pool.close()
                 asleep = any(ASLEEP in s.reason for s in pool.servers)
+                if any('HTTP 401' in s.reason for s in pool.servers):
+                    todo = ('\nThe server wants an API key: set api_key to one of its '
+                            '--api-keys')
+                elif asleep:
+                    todo = ('\nA sleeping server is woken by POST URL/wakeup; this backend '
+                            "wakes the server it puts to sleep itself (weight_sync mode 'ipc' "
+                            'with sleep_wake)')
+                else:
+                    todo = (f'\nStart one, e.g. `{START_HINT}`, or fix server_url / '
+                            'address_files')
                 raise LMDeployServerError(pool.describe_out(
-                    f'no {"awake" if asleep else "healthy"} LMDeploy server at {self.url}') + (
-                    '\nA sleeping server is woken by POST URL/wakeup; this backend wakes '
-                    "the server it puts to sleep itself (weight_sync mode 'ipc' with sleep_wake)"
-                    if asleep else '\nStart one, e.g. '
-                    f'`{START_HINT}`, or fix server_url / address_files'))
+                    f'no {"awake" if asleep else "healthy"} LMDeploy server at {self.url}') + todo)
         self._pool = pool
 
     def _check_server(self, server: Server) -> tuple[bool, str]:

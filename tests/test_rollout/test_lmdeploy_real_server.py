@@ -176,9 +176,10 @@ def test_api_keys(lmdeploy_server):
     backend = _backend(server.url, api_key='sesame')
     assert len(backend.generate(_requests(PROMPTS[:2]), params)) == 2
     backend.close()
-    backend = _backend(server.url, api_key='wrong')  # /health needs no key; /generate does
-    with pytest.raises(LMDeployServerError, match='HTTP 401'):
+    backend = _backend(server.url, api_key='wrong')  # /health needs no key; the rest does
+    with pytest.raises(LMDeployServerError, match='HTTP 401') as err:
         backend.generate(_requests(PROMPTS[:1]), params)
+    assert 'set api_key to one of its --api-keys' in str(err.value)
     backend.close()
 
 
