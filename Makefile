@@ -23,7 +23,7 @@ V1_REQUIRED := $(if $(XTUNER_V1_WHEEL),GEPO_REQUIRE_XTUNER_V1=1)
 
 .PHONY: demo demo-analysis experiments test test-all bench clean-venv
 
-$(STAMP): setup.py
+$(STAMP): setup.py requirements-lmdeploy-server.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
@@ -31,6 +31,11 @@ $(STAMP): setup.py
 	# LMDeploy's pydantic protocol models validate the rollout tests' HTTP traffic. Without
 	# --no-deps it would replace torch/transformers (it pins torch<=2.12.1, transformers>=4.56).
 	$(PY) -m pip install --no-deps lmdeploy==0.18.0
+	# ... and its HTTP server runs in the rollout tests, on CPU with a stand-in engine
+	# (tests/test_rollout/lmdeploy_cpu_engine.py): the pure-python packages it imports, pinned.
+	# pip's resolver adds exactly these to the venv and replaces nothing, torch and
+	# transformers included; --no-deps keeps it that way.
+	$(PY) -m pip install --no-deps -r requirements-lmdeploy-server.txt
 	touch $@
 
 # The main job: warm-start the tiny CPU policy (cached), then online RL with GEPO through

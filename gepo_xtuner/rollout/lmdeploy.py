@@ -2,6 +2,7 @@
 
 import glob
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,13 @@ from .lmdeploy_protocol import (
     build_generate_payload,
     error_message,
     group_samples,
+    has_error_detail,
     hint_for,
     parse_generate_response,
 )
 from .lmdeploy_server import LAUNCH_KEYS, LMDeployServerProcess
 from .lmdeploy_weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
-from .server_pool import NoServerError, Server, ServerPool, is_ready
+from .server_pool import ASLEEP, NoServerError, Server, ServerPool, is_asleep, is_ready
 
 START_HINT = ('lmdeploy serve api_server MODEL --server-port 23333 --backend pytorch '
               '--logprobs-mode raw_logprobs')
@@ -84,8 +86,13 @@ class LMDeployRolloutBackend(RolloutBackend):
             ``{model_path}``, ``{host}``, ``{port}``, replacing LMDeploy's command).
             Only global rank 0 launches; the other ranks connect to ``host:port``.
         max_concurrency: requests in flight at most, per server and trainer rank.
-        timeout_s: per request; a server that gives no answer by then is taken out
-            and the request goes to another server (with one server: it fails).
+        timeout_s: how long one generation may take once the server runs it. A
+            request may first wait in the server's queue (LMDeploy runs at most its
+            ``--max-batch-size`` requests at once and queues the rest), so the client
+            waits ``timeout_s`` times the number of queue waves, ``ceil(ranks *
+            max_concurrency / server_max_batch_size)`` (:attr:`request_timeout_s`). A
+            server that gives no answer by then is taken out and the request goes to
+            another server (with one server: it fails).
         max_retries: retries on the same server on connection errors and 5xx answers
             (never on 4xx) before the request moves to another server.
         backoff_s: first wait between retries, doubled each time.
@@ -106,6 +113,9 @@ class LMDeployRolloutBackend(RolloutBackend):
             ``sleep_level`` 1 or dropped at 2) so training gets the GPU memory, and wake
             it around the weight push. Ignored by the other modes.
         api_key: sent as ``Authorization: Bearer`` (servers started with ``--api-keys``).
+        server_max_batch_size: the servers' ``--max-batch-size`` (requests one server
+            runs at once; LMDeploy's default is 128, 384 on A100/A800 and 1024 on
+            H100/H800/H200), for the queue-aware timeout.
 
     Raises:
         ValueError: a bad combination of arguments (the message says which).
@@ -116,7 +126,7 @@ class LMDeployRolloutBackend(RolloutBackend):
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 1.0,
                  weight_sync: dict | None = None, sleep_wake: bool = True,
                  api_key: str | None = None, address_files: str | Sequence[str] | None = None,
-                 retry_after_s: float = 30.0) -> None:
+                 retry_after_s: float = 30.0, server_max_batch_size: int = 128) -> None:
         urls = _split_urls(server_url)
         patterns = [address_files] if isinstance(address_files, str) else \
             list(address_files or [])
@@ -138,10 +148,11 @@ class LMDeployRolloutBackend(RolloutBackend):
                 raise ValueError(f'launch does not take {sorted(unknown)}; it takes '
                                  f'{sorted(LAUNCH_KEYS)}')
         if max_concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0 \
-                or retry_after_s < 0:
+                or retry_after_s < 0 or server_max_batch_size < 1:
             raise ValueError('need max_concurrency >= 1, timeout_s > 0, max_retries >= 0, '
-                             f'backoff_s >= 0 and retry_after_s >= 0; got {max_concurrency}, '
-                             f'{timeout_s}, {max_retries}, {backoff_s}, {retry_after_s}')
+                             'backoff_s >= 0, retry_after_s >= 0 and server_max_batch_size >= 1; '
+                             f'got {max_concurrency}, {timeout_s}, {max_retries}, {backoff_s}, '
+                             f'{retry_after_s}, {server_max_batch_size}')
         self.weight_sync = check_weight_sync(weight_sync)
         mode = (self.weight_sync or {}).get('mode')
         if mode == 'disk' and launch is None:
@@ -165,6 +176,8 @@ class LMDeployRolloutBackend(RolloutBackend):
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.retry_after_s = float(retry_after_s)
+        self.server_max_batch_size = int(server_max_batch_size)
+        self.queue_waves = 1  # see request_timeout_s
         self.sleep_wake = bool(sleep_wake) and mode == 'ipc'
         self.api_key = api_key
         self.tokenizer: Any = None
@@ -175,6 +188,8 @@ class LMDeployRolloutBackend(RolloutBackend):
         self._renewals: dict[int, int] = {}  # server index -> groups dropped so far
         self._asleep = False
         self._updated_since_sleep = True
+        self._server_stops: frozenset[int] = frozenset()  # the server adds these itself
+        self._warned_stops = False
 
     @property
     def url(self) -> str:
@@ -186,14 +201,28 @@ class LMDeployRolloutBackend(RolloutBackend):
         return ', '.join(self.server_urls or self.address_files)
 
     @property
+    def request_timeout_s(self) -> float:
+        """How long the client waits for one ``/generate`` answer: ``timeout_s`` per
+        queue wave (see ``timeout_s``; the waves are known once the servers are reached)."""
+        return self.timeout_s * self.queue_waves
+
+    @property
     def _http(self) -> HTTPPool:
         """The connection pool of the first server (the single-server modes' server)."""
         return self._pool.servers[0].http
 
     # ----------------------------------------------------------------- lifecycle
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
-        """Keeps the tokenizer (saved with disk weight sync) and reaches the servers."""
+        """Keeps the tokenizer (saved with disk weight sync) and reaches the servers.
+
+        The EOS ids of ``tokenizer`` and of ``model.generation_config`` are ones
+        LMDeploy stops at by itself; see :func:`~gepo_xtuner.rollout.lmdeploy_protocol.
+        build_generate_payload` for why that matters to the chat template's stop words.
+        """
         self.tokenizer = tokenizer
+        self._server_stops = frozenset(
+            _ids(getattr(tokenizer, 'eos_token_id', None))
+            + _ids(getattr(getattr(model, 'generation_config', None), 'eos_token_id', None)))
         self._ensure_server()
 
     def _ensure_server(self) -> None:
@@ -225,22 +254,68 @@ class LMDeployRolloutBackend(RolloutBackend):
                     'matching the pattern) and wait until they wrote their files')
         headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
         mode = (self.weight_sync or {}).get('mode')
-        pool = ServerPool(urls, self.max_concurrency, self.timeout_s, self.max_retries,
+        # Every rank may have max_concurrency requests at a server, which runs
+        # server_max_batch_size of them at once and queues the others.
+        self.queue_waves = math.ceil(_world_size() * self.max_concurrency
+                                     / self.server_max_batch_size)
+        pool = ServerPool(urls, self.max_concurrency, self.request_timeout_s, self.max_retries,
                           self.backoff_s, headers, self.retry_after_s,
                           track_weights=mode not in (None, 'none'))
         for s in pool.servers:  # all start on the weights the trainer starts from
             pool.mark_synced(s, pool.version)
         if self.server is None:
             for s in pool.servers:
-                ok, why = is_ready(s.http, min(self.timeout_s, 30.0))
+                ok, why = self._check_server(s)
                 if not ok:
                     pool.mark_out(s, why)
             if not pool.ready_servers():
                 pool.close()
+                asleep = any(ASLEEP in s.reason for s in pool.servers)
+                if any('HTTP 401' in s.reason for s in pool.servers):
+                    todo = ('\nThe server wants an API key: set api_key to one of its '
+                            '--api-keys')
+                elif asleep:
+                    todo = ('\nA sleeping server is woken by POST URL/wakeup; this backend '
+                            "wakes the server it puts to sleep itself (weight_sync mode 'ipc' "
+                            'with sleep_wake)')
+                else:
+                    todo = (f'\nStart one, e.g. `{START_HINT}`, or fix server_url / '
+                            'address_files')
                 raise LMDeployServerError(pool.describe_out(
-                    f'no healthy LMDeploy server at {self.url}') + '\nStart one, e.g. '
-                    f'`{START_HINT}`, or fix server_url / address_files')
+                    f'no {"awake" if asleep else "healthy"} LMDeploy server at {self.url}') + todo)
         self._pool = pool
+
+    def _check_server(self, server: Server) -> tuple[bool, str]:
+        """Whether a running server can take this backend's requests; and why not.
+
+        A server asleep (live ``GET /is_sleeping``) is fine in mode ``'ipc'`` with
+        ``sleep_wake``: this backend put it to sleep (before a restart or resume, too)
+        and the next :meth:`update_weights` or :meth:`generate` wakes it. Mode
+        ``'ipc'`` also needs a server with one tensor-parallel rank.
+        """
+        timeout = min(self.timeout_s, 30.0)
+        if not self.sleep_wake:
+            ok, why = is_ready(server.http, timeout)
+        else:
+            try:
+                health = server.http.request('GET', '/health', retries=0, timeout_s=timeout)
+                self._asleep = is_asleep(server.http, timeout, health)
+            except ServerRequestError as e:
+                return False, str(e)
+            # sleep_level 2 dropped the weights: only a push makes them usable again
+            self._updated_since_sleep = not self._asleep or \
+                self.weight_sync.get('sleep_level', 1) == 1
+            ok, why = True, ''
+        if ok and (self.weight_sync or {}).get('mode') == 'ipc':
+            ranks = _server_ranks(server.http, timeout)
+            if ranks > 1:
+                raise LMDeployServerError(
+                    f"weight_sync mode 'ipc' cannot push to the LMDeploy server at {server.url}: "
+                    f'it runs {ranks} tensor-parallel ranks, and each of them would rebuild the '
+                    "same CUDA-IPC handles of trainer rank 0's GPU on its own device. Start it "
+                    "with --tp 1, or use weight_sync mode 'nccl' with server_tp="
+                    f'{ranks}')
+        return ok, why
 
     def _read_address_files(self) -> list[str]:
         """Server URLs of the address files (known ones first, new ones in name order)."""
@@ -286,7 +361,15 @@ class LMDeployRolloutBackend(RolloutBackend):
             if _rank() == 0 and self._asleep:
                 self._wake()
             _barrier()
-        payloads = [build_generate_payload(r, params) for r in requests for _ in range(params.n)]
+        if not self._warned_stops and set(params.stop_token_ids) - self._server_stops:
+            self._warned_stops = True
+            print_log(f'LMDeploy: stop_token_ids {sorted(params.stop_token_ids)} go beyond the '
+                      f'EOS ids the server stops at anyway ({sorted(self._server_stops)}), so '
+                      "they replace the server's chat-template stop words: list those in "
+                      'stop_token_ids too (docs/lmdeploy.md, "Stop tokens")', logger='current',
+                      level=logging.WARNING)
+        payloads = [build_generate_payload(r, params, self._server_stops)
+                    for r in requests for _ in range(params.n)]
         try:
             flat = self._pool.map(_generate_one, payloads,
                                   size=lambda s: len(s.response_ids))
@@ -310,6 +393,18 @@ class LMDeployRolloutBackend(RolloutBackend):
             hint = hint_for(error_message(e.body))
             if hint:
                 parts.append(f'To fix: {hint}.')
+        if e.status is not None and e.status >= 500 and not has_error_detail(e.body):
+            where = (f'its log, {self.server.log_file}' if self.server is not None else
+                     'the output of `lmdeploy serve api_server` there (its console or the log '
+                     'file of its job)')
+            parts.append('The server gave no detail: LMDeploy answers an exception in its '
+                         'engine with a bare "Internal Server Error"; the traceback is in '
+                         f'{where}.')
+        if e.status is None and 'no answer within' in str(e) and self.queue_waves > 1:
+            parts.append(f'That is timeout_s={self.timeout_s:g} s for one generation times '
+                         f'{self.queue_waves} queue waves ({_world_size()} rank(s) x '
+                         f'max_concurrency={self.max_concurrency} requests per server, '
+                         f'server_max_batch_size={self.server_max_batch_size}).')
         if self.server is not None:
             parts.append(f'Server log {self.server.log_file} ends with:\n{self.server.log_tail()}')
         elif e.status is None:
@@ -424,7 +519,11 @@ class LMDeployRolloutBackend(RolloutBackend):
             try:
                 self._nccl_for(s).push(model)
             except (ServerRequestError, RuntimeError) as e:
-                out[s.index] = f'weight sync failed: {e}'
+                bare = isinstance(e, ServerRequestError) and (e.status or 0) >= 500 \
+                    and not has_error_detail(e.body)
+                out[s.index] = f'weight sync failed: {e}' + (
+                    ' (no detail in the answer: the traceback is in the server log)'
+                    if bare else '')
                 self._drop_group(s)
                 continue
             synced[s.index] = version
@@ -477,6 +576,27 @@ class LMDeployRolloutBackend(RolloutBackend):
                                 keep=int(self.weight_sync.get('keep', 2)))
             self.server.stop()
             self.server.start(str(path))
+
+
+def _ids(value: Any) -> list[int]:
+    """An ``eos_token_id`` (``None``, an int or a list of ints) as a list."""
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _server_ranks(http: HTTPPool, timeout_s: float) -> int:
+    """The engine's worker ranks per ``GET /update_weights_from_ipc`` (0: not told).
+
+    LMDeploy >= 0.18's PyTorch engine on CUDA lists one entry per tensor-parallel
+    rank there; other servers answer an error or an empty list.
+    """
+    try:
+        body = http.request('GET', '/update_weights_from_ipc', retries=0, timeout_s=timeout_s)
+    except ServerRequestError:
+        return 0
+    ranks = body.get('worker_ranks') if isinstance(body, dict) else None
+    return len(ranks) if isinstance(ranks, list) else 0
 
 
 def _generate_one(http: HTTPPool, payload: dict) -> RolloutSample:

@@ -16,6 +16,12 @@ read from ``lmdeploy/serve/openai/endpoints/generate.py`` and
 * Unset sampling fields fall back to the model's ``generation_config.json`` (e.g. a
   ``repetition_penalty`` of 1.05); every field that changes the distribution is sent
   explicitly, so the server samples from exactly the policy the trainer scores.
+* Stop tokens: a request without ``stop_token_ids`` stops at the chat template's stop
+  words (e.g. ``<|im_end|>`` of a named template, the tokenizer's ``eot_token``) and
+  the EOS ids of the tokenizer and of ``generation_config.json``. A request with
+  ``stop_token_ids`` stops at those and the same EOS ids: they *replace* the template's
+  stop words (``AsyncEngine._determine_gen_config``). So ids the server adds anyway
+  are not sent, and a request whose stop ids are all among them sends none.
 * ``temperature=0`` is greedy decoding (the server turns it into ``top_k=1``);
   ``top_k=0`` disables top-k. The server has no ``n`` and no seed for this endpoint:
   K responses are K requests, and sampling is not reproducible across runs.
@@ -25,7 +31,7 @@ import base64
 import io
 import mimetypes
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +51,8 @@ class LMDeployProtocolError(RuntimeError):
     """The server answered, but not with what the protocol promises."""
 
 
-def build_generate_payload(request: RolloutRequest, params: SamplingParams) -> dict[str, Any]:
+def build_generate_payload(request: RolloutRequest, params: SamplingParams,
+                           server_stops: Collection[int] = ()) -> dict[str, Any]:
     """The JSON body of one ``POST /generate`` (one response to one prompt).
 
     Args:
@@ -53,6 +60,10 @@ def build_generate_payload(request: RolloutRequest, params: SamplingParams) -> d
             :func:`encode_image`), and ``request.extra`` is merged into the body last
             (any other ``GenerateReqInput`` field, e.g. ``mm_processor_kwargs``).
         params: sampling settings; ``params.n`` is ignored here (one body per response).
+        server_stops: ids the server stops at without being asked (the EOS ids of the
+            model's tokenizer and ``generation_config.json``). When every id of
+            ``params.stop_token_ids`` is one of them, ``stop_token_ids`` is left out,
+            which keeps the chat template's stop words in force (see the module doc).
 
     Raises:
         ValueError: temperature outside LMDeploy's [0, 2], an empty prompt, or an
@@ -76,7 +87,7 @@ def build_generate_payload(request: RolloutRequest, params: SamplingParams) -> d
         'include_stop_str_in_output': True,
         'stream': False,
     }
-    if params.stop_token_ids:  # empty: the server's own stop words (the model's EOS)
+    if set(params.stop_token_ids) - set(server_stops):  # else the template's stop words stay
         payload['stop_token_ids'] = [int(t) for t in params.stop_token_ids]
     if request.images:
         payload['image_data'] = [encode_image(img) for img in request.images]
@@ -170,6 +181,12 @@ def error_message(body: Any) -> str:
         if 'detail' in body:  # FastAPI's validation errors (422)
             return str(body['detail'])
     return str(body)[:500]
+
+
+def has_error_detail(body: Any) -> bool:
+    """Whether an error body says what went wrong (LMDeploy's JSON envelope, FastAPI's
+    ``detail``), unlike the bare ``Internal Server Error`` of an unhandled exception."""
+    return isinstance(body, Mapping) and bool(body.get('message') or body.get('detail'))
 
 
 def hint_for(message: str) -> str:

@@ -13,8 +13,8 @@ A server that was taken out is probed again (``GET /health``) every
 ``retry_after_s``. Servers whose weights follow the trainer (``track_weights``) may
 have restarted on their initial weights, so they rejoin only once they have the
 current weights again (:meth:`ServerPool.mark_synced`, called after a weight push);
-the others rejoin as soon as they answer healthy. ``/health`` answering
-``{"status": "sleeping"}`` (LMDeploy with its engine asleep) is not ready.
+the others rejoin as soon as they answer healthy. A server whose engine is asleep
+(``GET /is_sleeping``, live; LMDeploy's ``/health`` lags by up to 12 s) is not ready.
 """
 
 import collections
@@ -68,14 +68,37 @@ class Server:
         return self.http.base_url
 
 
-def is_ready(http: HTTPPool, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """Whether ``GET /health`` answers 200 and the server is not asleep; and why not."""
+ASLEEP = 'engine asleep'  # in the reason of a server that is out because it sleeps
+
+
+def is_asleep(http: HTTPPool, timeout_s: float = 10.0, health: Any = None) -> bool:
+    """The engine's live sleep state (``GET /is_sleeping``).
+
+    ``/health`` is no substitute: LMDeploy answers it from a snapshot its health
+    monitor refreshes every 12 s, so for up to 12 s after ``POST /sleep`` it still
+    says ``healthy``. A server without ``/is_sleeping`` is judged by ``health``
+    (its ``/health`` body) instead.
+
+    Raises:
+        ServerRequestError: the server did not answer.
+    """
     try:
-        body = http.request('GET', '/health', retries=0, timeout_s=timeout_s)
+        body = http.request('GET', '/is_sleeping', retries=0, timeout_s=timeout_s)
+    except ServerRequestError as e:
+        if e.status != 404:
+            raise
+        return isinstance(health, dict) and health.get('status') == 'sleeping'
+    return bool(isinstance(body, dict) and body.get('is_sleeping'))
+
+
+def is_ready(http: HTTPPool, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """Whether ``GET /health`` answers 200 and the engine is awake now; and why not."""
+    try:
+        health = http.request('GET', '/health', retries=0, timeout_s=timeout_s)
+        if is_asleep(http, timeout_s, health):
+            return False, f'{http.base_url}/is_sleeping answers true ({ASLEEP})'
     except ServerRequestError as e:
         return False, str(e)
-    if isinstance(body, dict) and body.get('status') == 'sleeping':
-        return False, f'{http.base_url}/health answers sleeping (engine asleep)'
     return True, ''
 
 

@@ -1,4 +1,5 @@
-"""A tiny saved policy and LMDeploy protocol doubles serving it (in a thread)."""
+"""A tiny saved policy, LMDeploy's own API server on CPU serving it, and a protocol double
+for failure injection (both in threads)."""
 
 from pathlib import Path
 
@@ -44,3 +45,26 @@ def load_policy(model_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     return model.eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture
+def lmdeploy_server(tiny_model_dir):
+    """A factory of LMDeploy's own API server (``serve()`` as shipped, in a thread) with a
+    CPU stand-in for its PyTorch engine (``lmdeploy_cpu_engine.py``), serving the tiny
+    policy; keyword arguments as :class:`LMDeployCPUServer`. All are stopped at teardown."""
+    from .lmdeploy_cpu_engine import LMDeployCPUServer
+    servers = []
+
+    def start(model_dir=None, **kwargs) -> 'LMDeployCPUServer':
+        server = LMDeployCPUServer(str(model_dir or tiny_model_dir), **kwargs)
+        servers.append(server)
+        return server.start()
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def real_server(lmdeploy_server):
+    """One LMDeploy API server (its own code, CPU stand-in engine) with the defaults."""
+    return lmdeploy_server()

@@ -1,26 +1,30 @@
-"""LMDeployProtocolDouble: a stand-in for ``lmdeploy serve api_server`` in CPU tests.
+"""LMDeployProtocolDouble: a stand-in for ``lmdeploy serve api_server``, for failure injection.
 
-NOT LMDeploy. LMDeploy's engines need a GPU, so the tests talk to this protocol
-double instead: a real HTTP server (stdlib ``ThreadingHTTPServer``, keep-alive) that
-speaks the subset of LMDeploy 0.18's API server protocol that
-``LMDeployRolloutBackend`` uses, and generates with a small Hugging Face causal LM on
-CPU. It validates every request body with LMDeploy's own pydantic models
-(``GenerateReqInput``, ``UpdateParamsRequest``, ``InitWeightsUpdateGroupRequest``,
-``UpdateWeightsFromDistributedRequest``, ``DestroyWeightsUpdateGroupRequest``),
-answering 422 like FastAPI when one does not validate, builds every ``/generate``
-answer with ``GenerateReqOutput``/``GenerateReqMetaOutput``, and mirrors the server
-behaviour the backend depends on (read from LMDeploy's source):
+NOT LMDeploy. The rollout tests run against LMDeploy's own API server code with a CPU
+stand-in engine (``lmdeploy_cpu_engine.py``, ``test_lmdeploy_real_server.py``); this
+double is kept for what that server cannot be made to do on cue: answer 5xx, hang,
+drop logprobs, die and come back (``test_lmdeploy_backend.py``,
+``test_lmdeploy_pool.py``). It is a real HTTP server (stdlib ``ThreadingHTTPServer``,
+keep-alive) that speaks the part of LMDeploy 0.18's protocol that
+``LMDeployRolloutBackend`` uses, generates with a small Hugging Face causal LM on CPU,
+validates every body with LMDeploy's pydantic models and builds every ``/generate``
+answer with ``GenerateReqOutput``. Where it could differ from the real server it
+agrees with it (each point checked against the real server in
+``test_conformance.py``):
 
-* ``GET /health``: 200 with ``healthy`` or ``sleeping``.
-* ``POST /generate``: 400 when logprobs are asked of a server without
-  ``--logprobs-mode``; stop on ``stop_token_ids`` plus the model's EOS; the stop token
-  is cut from ``output_ids`` unless ``include_stop_str_in_output``; raw logprobs
-  (log-softmax of unscaled logits); ``temperature=0`` is greedy; 503 while asleep.
-* ``POST /sleep?level=``, ``POST /wakeup?tags=``: JSON content type required.
-* ``POST /update_weights``: CUDA-IPC tensors rebuilt as LMDeploy's agent does (GPU only).
-* ``POST /init_weights_update_group``, ``/update_weights_from_distributed``,
-  ``/destroy_weights_update_group``: the group is built with LMDeploy's own
-  ``lmdeploy.utils.init_custom_process_group``; any torch backend (gloo on CPU).
+* order of checks on ``POST /generate``: asleep (503) before the API key (401) before
+  the JSON content type and the body (400, LMDeploy's error envelope, not FastAPI's 422);
+* ``GET /health`` is a snapshot refreshed every ``health_poll_s`` (LMDeploy's health
+  monitor: 12 s); ``GET /is_sleeping`` is live;
+* ``POST /sleep`` aborts running requests (finish reason ``abort``);
+* stop tokens: ``stop_token_ids`` if given, else the chat template's stop words
+  (``stop_words``), plus the tokenizer's EOS and ``generation_config.json``'s
+  ``eos_token_id`` (an int or a list);
+* ``generation_config.json`` fills sampling fields a request leaves unset; prompts of
+  ``session_len`` tokens or more are refused and generation ends at it; at most
+  ``max_batch_size`` requests generate at once, the others wait; ``--api-keys``;
+* weight-update-group failures answer 400 with ``{"success": false, "message"}``;
+* ``/update_weights`` answers ``null``; ``/sleep`` and ``/wakeup`` an empty body.
 
 Test hooks (in-thread use): ``fail_next`` (HTTP statuses to answer the next
 ``/generate`` requests with), ``delay_s`` (per ``/generate``), ``omit_logprobs``
@@ -44,6 +48,7 @@ import time
 from datetime import timedelta
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -60,6 +65,11 @@ from lmdeploy.serve.openai.protocol import (
     UpdateWeightsFromDistributedRequest,
 )
 from transformers import AutoModelForCausalLM
+
+
+# Sampling fields a request may leave to the model's generation_config.json.
+_SAMPLING_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty')
+NULL = object()  # a JSON ``null`` answer (``None``: an empty body)
 
 
 class _Reply(Exception):
@@ -93,15 +103,33 @@ class LMDeployProtocolDouble:
     """
 
     def __init__(self, model_path: str, host: str = '127.0.0.1', port: int = 0,
-                 logprobs_mode: str | None = 'raw_logprobs') -> None:
+                 logprobs_mode: str | None = 'raw_logprobs', stop_words: list[int] | None = None,
+                 max_batch_size: int = 8, api_keys: list[str] | None = None,
+                 session_len: int | None = None, health_poll_s: float = 12.0) -> None:
+        from transformers import AutoTokenizer
         self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
         self.model.eval()
-        self.eos_token_id = self.model.config.eos_token_id
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = {AutoTokenizer.from_pretrained(model_path).eos_token_id} | (
+            set() if eos is None else {eos} if isinstance(eos, int) else set(eos))
+        self.stop_words = stop_words
+        path = Path(model_path) / 'generation_config.json'
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        self.gen_defaults = {k: saved[k] for k in _SAMPLING_FIELDS if k in saved}
+        self.session_len = session_len or self.model.config.max_position_embeddings
+        self.api_keys = api_keys
+        self.health_poll_s = health_poll_s
+        self._health = ('healthy', time.monotonic())  # (status, probed at)
+        self._slots = threading.Semaphore(max_batch_size)
+        self._epoch = 0  # /sleep aborts the requests of earlier epochs
         self.logprobs_mode = logprobs_mode
         self.sleeping_tags: set[str] = set()
         self.groups: dict[str, Any] = {}
         self.fail_next: list[int] = []
         self.delay_s = 0.0
+        self.token_delay_s = 0.0
+        self.running = 0
+        self.max_running = 0
         self.omit_logprobs = False
         self.max_in_flight = 0
         self.generate_attempts = 0
@@ -140,16 +168,27 @@ class LMDeployProtocolDouble:
 
     # ------------------------------------------------------------------ routes
     def route(self, method: str, path: str, query: dict, headers: Any, raw: bytes) -> Any:
+        # LMDeploy's middlewares, outermost first: sleeping, then API keys
+        if (method, path) == ('POST', '/generate') and self.sleeping_tags:
+            raise _error(HTTPStatus.SERVICE_UNAVAILABLE, 'Engine is sleeping; call POST /wakeup '
+                         'before inference (e.g. tags=weights&tags=kv_cache).')
+        if self.api_keys and not path.startswith('/health') and \
+                headers.get('authorization', '') not in {f'Bearer {k}' for k in self.api_keys}:
+            raise _error(HTTPStatus.UNAUTHORIZED, 'Unauthorized.')
         if method == 'GET' and path == '/health':
-            return {'status': 'sleeping' if self.sleeping_tags else 'healthy'}
+            if time.monotonic() - self._health[1] >= self.health_poll_s:  # the next probe
+                live = 'sleeping' if self.sleeping_tags else 'healthy'
+                self._health = (live, time.monotonic())
+            status = self._health[0]
+            return {'status': status, 'message': f'Engine is {status}.'}
         if method == 'GET' and path == '/is_sleeping':
             return {'is_sleeping': bool(self.sleeping_tags)}
         if method != 'POST':
             raise _error(HTTPStatus.NOT_FOUND, f'no route {method} {path}')
         # LMDeploy's validate_json_request dependency on every POST route used here.
         if headers.get('content-type', '').split(';')[0].strip().lower() != 'application/json':
-            raise _Reply(HTTPStatus.UNPROCESSABLE_ENTITY,
-                         {'detail': ["Unsupported Media Type: Only 'application/json' is allowed"]})
+            raise _error(HTTPStatus.BAD_REQUEST,
+                         "Unsupported Media Type: Only 'application/json' is allowed")
         self.calls.append((method, path, query))
         body = json.loads(raw) if raw else None
         routes = {'/generate': self.generate, '/sleep': self.sleep, '/wakeup': self.wakeup,
@@ -165,9 +204,11 @@ class LMDeployProtocolDouble:
     def _validate(model: type[pydantic.BaseModel], body: Any) -> Any:
         try:
             return model.model_validate(body)
-        except pydantic.ValidationError as e:
-            raise _Reply(HTTPStatus.UNPROCESSABLE_ENTITY,
-                         {'detail': json.loads(e.json())}) from None
+        except pydantic.ValidationError as e:  # LMDeploy's validation_exception_handler
+            first = e.errors()[0]
+            where = '.'.join(str(p) for p in first.get('loc', ()))
+            raise _error(HTTPStatus.BAD_REQUEST,
+                         f"{where}: {first['msg']}" if where else first['msg']) from None
 
     def generate(self, body: Any, query: dict) -> dict:
         with self._lock:
@@ -180,13 +221,18 @@ class LMDeployProtocolDouble:
                 time.sleep(self.delay_s)
             if fail is not None:
                 raise _error(fail, f'injected failure {fail}')
-            if self.sleeping_tags:  # LMDeploy's EngineSleepingMiddleware
-                raise _error(HTTPStatus.SERVICE_UNAVAILABLE,
-                             'Engine is sleeping; call POST /wakeup before inference')
             req = self._validate(GenerateReqInput, body)
             self.bodies.append(req)
             self._check(req)
-            return self._generate(req)
+            with self._slots:  # the request-handle pool
+                with self._lock:
+                    self.running += 1
+                    self.max_running = max(self.max_running, self.running)
+                try:
+                    return self._generate(req)
+                finally:
+                    with self._lock:
+                        self.running -= 1
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -197,8 +243,13 @@ class LMDeployProtocolDouble:
             raise _error(HTTPStatus.BAD_REQUEST,
                          f'return_logprob({req.return_logprob}) requested but not enabled '
                          'logprobs_mode in engine configuration.')
-        if req.prompt is not None or not req.input_ids:
-            raise _error(HTTPStatus.BAD_REQUEST, 'this double takes non-empty input_ids only')
+        if req.prompt is not None or req.input_ids is None:
+            raise _error(HTTPStatus.BAD_REQUEST, 'this double takes input_ids only')
+        if not req.input_ids:
+            raise _error(HTTPStatus.BAD_REQUEST, 'The input_ids must not be an empty list')
+        if len(req.input_ids) >= self.session_len:
+            raise _error(HTTPStatus.BAD_REQUEST, f'Input length ({len(req.input_ids)}) must be '
+                         f'smaller than the model context length ({self.session_len}).')
         if req.max_tokens < 0:
             raise _error(HTTPStatus.BAD_REQUEST, f'The max_tokens {req.max_tokens!r} must be '
                          'non-negative.')
@@ -229,18 +280,28 @@ class LMDeployProtocolDouble:
 
     @torch.no_grad()
     def _generate(self, req: GenerateReqInput) -> dict:
-        stops = set(req.stop_token_ids or []) | {self.eos_token_id}
-        temperature = 1.0 if req.temperature is None else req.temperature
-        top_k = 1 if temperature == 0 else (req.top_k or 0)
+        stops = set(req.stop_token_ids or self.stop_words or []) | self.eos_ids
+        sent = req.model_dump(exclude_unset=True)
+        cfg = {**self.gen_defaults, **{k: sent[k] for k in _SAMPLING_FIELDS
+                                       if sent.get(k) is not None}}
+        temperature = cfg.get('temperature', 1.0)
+        top_k = 1 if temperature == 0 else cfg.get('top_k', 0)
         ids: list[int] = []
         logprobs: list[float] = []
         finish = 'length'
-        with self._model_lock:
-            past, inputs = None, torch.tensor([req.input_ids])
-            for _ in range(req.max_tokens):
+        epoch = self._epoch
+        limit = min(req.max_tokens or self.session_len, self.session_len - len(req.input_ids))
+        past, inputs = None, torch.tensor([req.input_ids])
+        for _ in range(limit):
+            if self.token_delay_s:
+                time.sleep(self.token_delay_s)
+            if self._epoch != epoch:
+                finish = 'abort'
+                break
+            with self._model_lock:
                 out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
                 past, logits = out.past_key_values, out.logits[0, -1].float()
-                token = self._sample(logits, temperature, req.top_p or 1.0, top_k)
+                token = self._sample(logits, temperature, cfg.get('top_p', 1.0), top_k)
                 ids.append(token)
                 logprobs.append(torch.log_softmax(logits, -1)[token].item())
                 if token in stops:
@@ -279,6 +340,7 @@ class LMDeployProtocolDouble:
         if level not in ('1', '2'):
             raise _error(HTTPStatus.BAD_REQUEST, 'The "level" query parameter must be 1 or 2.')
         self.sleeping_tags = {'weights', 'kv_cache'}
+        self._epoch += 1  # LMDeploy's stop_all_session: running requests end with 'abort'
 
     def wakeup(self, body: Any, query: dict) -> None:
         tags = query.get('tags') or sorted(self.sleeping_tags)
@@ -296,7 +358,7 @@ class LMDeployProtocolDouble:
             for name, t in named:
                 params[name].copy_(t.to(params[name].dtype))
 
-    def update_weights(self, body: Any, query: dict) -> None:
+    def update_weights(self, body: Any, query: dict) -> Any:
         """CUDA-IPC tensors, rebuilt as LMDeploy's model agent rebuilds them."""
         from multiprocessing.reduction import ForkingPickler
         req = self._validate(UpdateParamsRequest, body)
@@ -304,7 +366,7 @@ class LMDeployProtocolDouble:
             raise _error(HTTPStatus.BAD_REQUEST, 'this double takes one serialized string '
                          'without load_format')
         if not torch.cuda.is_available():
-            raise _error(HTTPStatus.INTERNAL_SERVER_ERROR, 'CUDA IPC weights need a GPU')
+            raise RuntimeError('CUDA IPC handles can only be opened on a GPU')
         named = []
         for name, (rebuild, args) in ForkingPickler.loads(
                 base64.b64decode(req.serialized_named_tensors)):
@@ -312,12 +374,14 @@ class LMDeployProtocolDouble:
             args[6] = torch.cuda.current_device()  # the device index, as on the server
             named.append((name, rebuild(*args).clone().cpu()))
         self._load(named)
+        return NULL
 
     def init_group(self, body: Any, query: dict) -> dict:
         from lmdeploy.utils import init_custom_process_group
         req = self._validate(InitWeightsUpdateGroupRequest, body)
         if req.group_name in self.groups:
-            return {'success': False, 'message': f'group {req.group_name!r} exists'}
+            raise _Reply(HTTPStatus.BAD_REQUEST, {'success': False,
+                                                  'message': f'group {req.group_name!r} exists'})
         self.groups[req.group_name] = init_custom_process_group(
             backend=req.backend, init_method=f'tcp://{req.master_address}:{req.master_port}',
             world_size=req.world_size, rank=req.rank_offset, group_name=req.group_name,
@@ -329,9 +393,11 @@ class LMDeployProtocolDouble:
         req = self._validate(UpdateWeightsFromDistributedRequest, body)
         group = self.groups.get(req.group_name)
         if group is None:
-            return {'success': False, 'message': f'group {req.group_name!r} not initialized'}
+            raise _Reply(HTTPStatus.BAD_REQUEST, {
+                'success': False, 'message': f'group {req.group_name!r} not initialized'})
         if req.load_format is not None:
-            return {'success': False, 'message': 'this double receives unflattened tensors'}
+            raise _Reply(HTTPStatus.BAD_REQUEST, {
+                'success': False, 'message': 'this double receives unflattened tensors'})
         device = 'cuda' if dist.get_backend(group) == 'nccl' else 'cpu'
         named = [(n, torch.empty(s, dtype=getattr(torch, d), device=device))
                  for n, d, s in zip(req.names, req.dtypes, req.shapes)]
@@ -346,7 +412,8 @@ class LMDeployProtocolDouble:
         req = self._validate(DestroyWeightsUpdateGroupRequest, body)
         group = self.groups.pop(req.group_name, None)
         if group is None:
-            return {'success': False, 'message': f'group {req.group_name!r} not initialized'}
+            raise _Reply(HTTPStatus.BAD_REQUEST, {
+                'success': False, 'message': f'group {req.group_name!r} not initialized'})
         dist.destroy_process_group(group)
         return {'success': True, 'message': 'destroyed'}
 
@@ -372,12 +439,14 @@ def _handler_for(double: LMDeployProtocolDouble) -> type[BaseHTTPRequestHandler]
                     method, parts.path, parse_qs(parts.query), self.headers, raw)
             except _Reply as r:
                 status, body = r.status, r.body
-            except Exception as e:  # noqa: BLE001 (a server answers 500, it does not die)
-                status, body = HTTPStatus.INTERNAL_SERVER_ERROR, _error(500, repr(e)).body
-            data = b'' if body is None else json.dumps(body).encode()
+            except Exception:  # noqa: BLE001 (as uvicorn/starlette: a bare-text 500)
+                status, body = HTTPStatus.INTERNAL_SERVER_ERROR, 'Internal Server Error'
+            data = b'' if body is None else b'null' if body is NULL else body.encode() \
+                if isinstance(body, str) else json.dumps(body).encode()
             try:
                 self.send_response(status)
-                self.send_header('Content-Type', 'application/json')
+                self.send_header('Content-Type', 'text/plain; charset=utf-8'
+                                 if isinstance(body, str) else 'application/json')
                 self.send_header('Content-Length', str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -1,9 +1,8 @@
 """Every registered rollout backend against the contract of ``RolloutBackend``.
 
-The in-process backend runs a real tiny model. LMDeploy needs a GPU, so its backend is
-driven against the LMDeploy protocol double of this package (``protocol_double.py``,
-checked against lmdeploy's own request/response models in test_lmdeploy_protocol.py);
-the contract checked is the client's side. A backend added to the registry must be
+The in-process backend runs a real tiny model. The LMDeploy backend talks to LMDeploy's
+own API server code, run on CPU with a stand-in for its GPU engine
+(``lmdeploy_cpu_engine.py``); the contract checked is the client's side. A backend added to the registry must be
 added to ``MAKERS`` or this test fails.
 """
 
@@ -18,12 +17,12 @@ from .conftest import load_policy
 PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 20, 21, 22, 23, 30]]
 
 
-def hf(double, model_dir):
+def hf(server, model_dir):
     return ROLLOUT_BACKENDS.build(dict(type='HFRolloutBackend'))
 
 
-def lmdeploy(double, model_dir):
-    return ROLLOUT_BACKENDS.build(dict(type='LMDeployRolloutBackend', server_url=double.url,
+def lmdeploy(server, model_dir):
+    return ROLLOUT_BACKENDS.build(dict(type='LMDeployRolloutBackend', server_url=server.url,
                                        weight_sync=dict(mode='none'), timeout_s=30.0))
 
 
@@ -35,8 +34,8 @@ def test_every_registered_backend_is_checked():
 
 
 @pytest.mark.parametrize('name', sorted(MAKERS))
-def test_contract(name, double, tiny_model_dir):
-    backend = MAKERS[name](double, tiny_model_dir)
+def test_contract(name, real_server, tiny_model_dir):
+    backend = MAKERS[name](real_server, tiny_model_dir)
     assert isinstance(backend, RolloutBackend)
     model, tok = load_policy(tiny_model_dir)
     backend.attach(model, tok)
@@ -58,7 +57,7 @@ def test_contract(name, double, tiny_model_dir):
     backend.update_weights(model)  # every rank calls it; here: weights unchanged
     state = backend.state_dict()
     assert isinstance(state, dict)
-    fresh = MAKERS[name](double, tiny_model_dir)
+    fresh = MAKERS[name](real_server, tiny_model_dir)
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
     backend.close()

@@ -3,21 +3,20 @@ process from their IPC handles the way LMDeploy's model agent does it, by
 LMDeployProtocolDouble (not LMDeploy) run as a subprocess through ``launch.command``."""
 
 import copy
+import sys
 
 import pytest
 import torch
 
 from gepo_xtuner.rollout import LMDeployRolloutBackend, RolloutRequest
 
-from .conftest import load_policy
-from .test_lmdeploy_launch import (
-    DOUBLE_COMMAND,
-    DOUBLE_ENV,
-    GREEDY,
-    PROMPTS,
-    _expected,
-    _perturb,
-)
+from .conftest import ROOT, load_policy
+from .test_lmdeploy_launch import GREEDY, PROMPTS, _expected, _perturb
+
+DOUBLE_COMMAND = [sys.executable, '-m', 'tests.test_rollout.protocol_double', '{model_path}',
+                  '--server-name', '{host}', '--server-port', '{port}',
+                  '--logprobs-mode', 'raw_logprobs']
+DOUBLE_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason='CUDA IPC needs a GPU')

@@ -1,5 +1,6 @@
-"""A launched server's lifecycle and weight sync, with LMDeployProtocolDouble (not LMDeploy)
-run as a real subprocess through the backend's ``launch.command``."""
+"""A launched server's lifecycle and disk weight sync: LMDeploy's own API server code with
+the CPU stand-in engine (``lmdeploy_cpu_engine.py``) as a real subprocess, through the
+backend's ``launch.command``; start-up failures with stand-in commands."""
 
 import os
 import socket
@@ -18,14 +19,13 @@ from gepo_xtuner.rollout import (
     RolloutRequest,
     SamplingParams,
 )
-from gepo_xtuner.rollout.lmdeploy_server import LMDeployServerProcess
 
 from .conftest import ROOT, load_policy
 
-DOUBLE_COMMAND = [sys.executable, '-m', 'tests.test_rollout.protocol_double', '{model_path}',
+SERVER_COMMAND = [sys.executable, '-m', 'tests.test_rollout.lmdeploy_cpu_engine', '{model_path}',
                   '--server-name', '{host}', '--server-port', '{port}',
                   '--logprobs-mode', 'raw_logprobs']
-DOUBLE_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
+SERVER_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
 # Answers GET /health with 200 and nothing else: a server that starts in milliseconds.
 HEALTH_ONLY = textwrap.dedent("""
     import http.server, sys
@@ -70,8 +70,8 @@ def _gone(pid: int, within_s: float = 10.0) -> bool:
 def test_launch_then_disk_weight_sync_restarts_on_new_weights(tiny_model_dir, tmp_path):
     model, tok = load_policy(tiny_model_dir)
     backend = LMDeployRolloutBackend(
-        launch={'model_path': str(tiny_model_dir), 'port': 0, 'command': DOUBLE_COMMAND,
-                'env': DOUBLE_ENV, 'log_file': str(tmp_path / 'server.log'),
+        launch={'model_path': str(tiny_model_dir), 'port': 0, 'command': SERVER_COMMAND,
+                'env': SERVER_ENV, 'log_file': str(tmp_path / 'server.log'),
                 'startup_timeout_s': 60},
         weight_sync={'mode': 'disk', 'shared_dir': str(tmp_path / 'weights'), 'keep': 1})
     try:
@@ -96,31 +96,7 @@ def test_launch_then_disk_weight_sync_restarts_on_new_weights(tiny_model_dir, tm
         pid = backend.server.proc.pid if backend.server.proc else None
         backend.close()
     assert pid is not None and _gone(pid)
-    assert 'LMDeployProtocolDouble serving' in (tmp_path / 'server.log').read_text()
-
-
-def test_nccl_protocol_with_gloo_broadcast(tiny_model_dir, tmp_path):
-    """The init/update/destroy weights-update-group protocol, with gloo standing in for
-    NCCL; the double joins the group with LMDeploy's own ``init_custom_process_group``."""
-    server = LMDeployServerProcess(model_path=str(tiny_model_dir), port=0,
-                                   command=DOUBLE_COMMAND, env=DOUBLE_ENV,
-                                   log_file=str(tmp_path / 'server.log'), startup_timeout_s=60)
-    server.start()
-    model, tok = load_policy(tiny_model_dir)
-    backend = LMDeployRolloutBackend(
-        server_url=server.url, max_retries=0,
-        weight_sync={'mode': 'nccl', 'backend': 'gloo', 'timeout_s': 60, 'bucket_bytes': 1 << 16})
-    try:
-        backend.attach(model, tok)
-        for seed in (1, 2):  # the group is made once and reused
-            _perturb(model, seed)
-            backend.update_weights(model)
-            assert _generated(backend) == _expected(model, tok)
-        assert backend._nccl[0].group is not None
-    finally:
-        backend.close()
-        server.close()
-    assert 'Traceback' not in (tmp_path / 'server.log').read_text()
+    assert 'CPU stand-in engine' in (tmp_path / 'server.log').read_text()
 
 
 def test_launch_failure_shows_the_log(tmp_path):
@@ -168,6 +144,6 @@ def test_a_crashing_trainer_does_not_leak_the_server(tmp_path):
         raise RuntimeError('the trainer crashed')
     """)
     proc = subprocess.run([sys.executable, '-c', trainer], capture_output=True, text=True,
-                          env={**os.environ, **DOUBLE_ENV}, timeout=120, check=False)
+                          env={**os.environ, **SERVER_ENV}, timeout=120, check=False)
     assert proc.returncode == 1 and 'the trainer crashed' in proc.stderr
     assert _gone(int(proc.stdout.split()[0]))

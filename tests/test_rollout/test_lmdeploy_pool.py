@@ -110,7 +110,7 @@ def test_a_slow_server_gets_fewer_requests(doubles, reference):
 
 def test_a_sleeping_server_is_not_ready_until_it_wakes(doubles, reference):
     asleep = doubles[1]
-    asleep.sleeping_tags = {'weights', 'kv_cache'}  # /health answers 'sleeping'
+    asleep.sleeping_tags = {'weights', 'kv_cache'}  # /is_sleeping answers true
     backend = LMDeployRolloutBackend(server_url=[d.url for d in doubles[:2]], max_retries=0,
                                      timeout_s=30, retry_after_s=0)
     assert _ids(backend.generate(_requests(), GREEDY)) == reference
@@ -127,9 +127,9 @@ def test_no_ready_server_at_start_names_every_one(doubles):
     for d in doubles:
         d.sleeping_tags = {'weights', 'kv_cache'}
     backend = LMDeployRolloutBackend(server_url=[d.url for d in doubles], timeout_s=30)
-    with pytest.raises(LMDeployServerError, match='no healthy LMDeploy server') as err:
+    with pytest.raises(LMDeployServerError, match='no awake LMDeploy server') as err:
         backend.attach(None, None)
-    assert all(f'{d.url}: out: {d.url}/health answers sleeping' in str(err.value)
+    assert all(f'{d.url}: out: {d.url}/is_sleeping answers true' in str(err.value)
                for d in doubles)
 
 

@@ -53,6 +53,20 @@ def test_generate_body_is_a_valid_generate_req_input(params):
     assert (req.repetition_penalty, req.min_p) == (1.0, 0.0)
 
 
+@pytest.mark.parametrize('stops, server_stops, sent', [
+    ((2,), (2,), None),  # only EOS ids the server adds itself: its template's words stay
+    ((2,), (2, 9), None),
+    ((2, 5), (2,), [2, 5]),  # another id: sent, and LMDeploy drops the template's words
+    ((5,), (), [5]),
+    ((), (2,), None),
+])
+def test_stop_ids_the_server_adds_itself_are_not_sent(stops, server_stops, sent):
+    params = SamplingParams(stop_token_ids=stops)
+    payload = build_generate_payload(RolloutRequest([1, 7]), params, server_stops)
+    assert payload.get('stop_token_ids') == sent
+    assert GenerateReqInput.model_validate(payload).stop_token_ids == sent
+
+
 def test_images_become_image_data_that_lmdeploy_accepts(tmp_path):
     pil = Image.new('L', (2, 2), 128)
     images = [_png(tmp_path / 'a.png'), str(_png(tmp_path / 'b.png')), pil,
@@ -155,6 +169,7 @@ def test_default_launch_command_parses_with_lmdeploys_cli():
     ({'launch': {'model_path': 'm', 'tp': 2}, 'weight_sync': {'mode': 'ipc'}}, 'tp=1'),
     ({'server_url': 'http://h:1', 'weight_sync': {'mode': 'ipc', 'dtype': 'int8'}}, 'dtype'),
     ({'server_url': 'http://h:1', 'max_concurrency': 0}, 'max_concurrency'),
+    ({'server_url': 'http://h:1', 'server_max_batch_size': 0}, 'server_max_batch_size'),
 ])
 def test_bad_configs_are_rejected_with_what_to_fix(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
