@@ -61,7 +61,7 @@ train_cfg = dict(
 
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=2e-6, betas=(0.9, 0.99), weight_decay=0.0),
+    optimizer=dict(type='AdamW', lr=1e-5, betas=(0.9, 0.99), weight_decay=0.0),
     clip_grad=dict(max_norm=1.0))
 
 default_hooks = dict(checkpoint=dict(interval=6, max_keep_ckpts=1))
