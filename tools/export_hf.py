@@ -12,7 +12,7 @@ template and, for vision-language models, the processor: ``from_pretrained`` loa
 LMDeploy / vLLM serve it. The architecture and tokenizer come from the ``model`` section of
 the training config saved in the checkpoint (paths relative to the directory training ran
 in), or from ``--base-model``. To export during training instead, add
-``dict(type='HFExportHook')`` to ``custom_hooks`` (docs/export.md).
+``dict(type='HFExportHook')`` to ``custom_hooks`` (README, "Export to Hugging Face").
 
 A checkpoint is a pickle: loading one can run code, so export only checkpoints you trust.
 """
