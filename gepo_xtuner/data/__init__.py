@@ -10,5 +10,5 @@ from .mixture import PromptMixture
 from .prompts import encode_prompt
 from .records import DataFormatError, iter_records, load_records, validate_record
 
-__all__ = ['DataFormatError', 'PromptDataset', 'PromptMixture', 'encode_prompt', 'iter_records', 'list_collate',
-           'load_records', 'validate_record']
+__all__ = ['DataFormatError', 'PromptDataset', 'PromptMixture', 'encode_prompt', 'iter_records',
+           'list_collate', 'load_records', 'validate_record']
