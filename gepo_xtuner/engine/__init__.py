@@ -1,6 +1,7 @@
 """Runner-facing parts for ``xtuner train``: the RL loop, hooks, runner, atomic file backend."""
 
 from .curves_hook import TrainingCurvesHook
+from .export_hook import HFExportHook
 from .fileio import AtomicLocalBackend
 from .flexible_runner import RLFlexibleRunner
 from .gepo_hook import GEPOThresholdHook
@@ -10,4 +11,5 @@ from .loop_state_hook import RLLoopStateHook
 from .runner import RLRunner
 
 __all__ = ['RLTrainLoop', 'GEPOThresholdHook', 'RLLoopStateHook', 'TrainingCurvesHook',
-           'RLRunner', 'RLFlexibleRunner', 'AtomicLocalBackend', 'RLLogProcessor', 'OptionalTensorboardVisBackend']
+           'RLRunner', 'RLFlexibleRunner', 'AtomicLocalBackend', 'RLLogProcessor',
+           'OptionalTensorboardVisBackend', 'HFExportHook']

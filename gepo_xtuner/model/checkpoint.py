@@ -77,7 +77,7 @@ class InferencePolicy:
 def load_for_inference(model: str, *, base_model: str | None = None,
                        tokenizer: str | None = None, processor: str | None = None,
                        model_class: str | None = None, trust_remote_code: bool | None = None,
-                       torch_dtype: torch.dtype = torch.float32, load_model: bool = True
+                       torch_dtype: torch.dtype | None = torch.float32, load_model: bool = True
                        ) -> InferencePolicy:
     """Builds a policy for generation as :class:`~gepo_xtuner.model.RLPolicy` builds it.
 
@@ -97,7 +97,8 @@ def load_for_inference(model: str, *, base_model: str | None = None,
             ``model_class`` is not ``'AutoModelForCausalLM'``, else none.
         model_class: ``from_pretrained`` class (default ``'AutoModelForCausalLM'``).
         trust_remote_code: allow code shipped with the model.
-        torch_dtype: parameter dtype.
+        torch_dtype: parameter dtype; None: the dtype of a checkpoint's weights (the
+            dtype the policy was trained in), else the directory's ``torch_dtype``.
         load_model: False loads tokenizer and processor only (a server generates).
 
     Raises:
@@ -138,11 +139,14 @@ def load_for_inference(model: str, *, base_model: str | None = None,
         tok = AutoTokenizer.from_pretrained(tokenizer or directory, **remote)
     if not load_model:
         return InferencePolicy(None, tok, proc, cfg, directory)
-    net = resolve_model_class(model_class).from_pretrained(directory, torch_dtype=torch_dtype,
-                                                           **remote)
-    if ckpt is not None:
+    weights = None if ckpt is None else policy_state_dict(ckpt, str(model))
+    if torch_dtype is None and weights is not None:
+        torch_dtype = next((v.dtype for v in weights.values() if v.is_floating_point()), None)
+    net = resolve_model_class(model_class).from_pretrained(
+        directory, torch_dtype='auto' if torch_dtype is None else torch_dtype, **remote)
+    if weights is not None:
         try:
-            net.load_state_dict(policy_state_dict(ckpt, str(model)), strict=True)
+            net.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
             raise ValueError(f'the weights in {model} do not fit {directory}: {exc}') from None
     return InferencePolicy(net.eval(), tok, proc, cfg, directory)

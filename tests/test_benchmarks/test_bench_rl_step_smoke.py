@@ -24,3 +24,26 @@ def test_bench_rl_step_prints_every_variant_and_the_ratios(tmp_path: Path) -> No
                             line) for line in lines), (name, proc.stdout)
     assert re.fullmatch(r'ratio_ours_over_floor=\d+\.\d+ ratio_padded_over_ours=\d+\.\d+ '
                         r'ratio_trl_over_ours=nan', lines[-1]), lines[-1]
+
+
+def test_bench_rl_step_runs_a_given_model_and_times_the_rollout(tmp_path: Path) -> None:
+    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), seed=0).save_pretrained(tmp_path / 'model')
+    tok.save_pretrained(tmp_path / 'model')
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / 'benchmarks' / 'bench_rl_step.py'), '--skip-trl',
+         '--model', str(tmp_path / 'model'), '--prompt-lengths', '20', '30',
+         '--responses', '4', '--median-length', '8', '--max-length', '16', '--max-tokens', '96',
+         '--rounds', '1', '--rollout-tokens', '3', '--work-dir', str(tmp_path / 'work')],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+        timeout=300)
+    assert proc.returncode == 0, f'{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}'
+    out = proc.stdout
+    assert f'qwen2 from {tmp_path / "model"}' in out, out
+    lo, hi = map(int, re.search(r'prompts (\d+)-(\d+)', out).groups())
+    assert 20 <= lo <= hi <= 30, out
+    # every prompt sampled exactly 3 tokens (no stop token)
+    assert re.search(r'rollout +HFRolloutBackend 4 prompts x 3 new tokens: \S+s +'
+                     r'generated_tokens_per_s=\d+\.\d', out), out
+    assert out.strip().splitlines()[-1].startswith('ratio_ours_over_floor=')

@@ -50,7 +50,21 @@ def locations(tmp_path):
     (tiny / 'model').mkdir(parents=True)
     (tiny / 'model' / 'config.json').write_text(json.dumps(dict(model_type='qwen2')))
     (tiny / 'data').symlink_to(data)
-    return dict(GEPO_MODEL_PATH=str(model), GEPO_DATA_DIR=str(data), GEPO_TINY_DIR=str(tiny))
+    smollm2 = tmp_path / 'smollm2'  # tools/prepare_smollm2.py's layout, one record per file
+    (smollm2 / 'model').mkdir(parents=True)
+    (smollm2 / 'model' / 'config.json').write_text(json.dumps(dict(model_type='llama')))
+    (smollm2 / 'data').mkdir()
+    records = dict(
+        gsm8k={'question': 'What is 2 + 3?', 'answer': '2 + 3 = 5\n#### 5'},
+        instructions={'domain': 'instruction', 'prompt': 'Say hi without commas.',
+                      'instructions': [{'id': 'punctuation:no_comma', 'kwargs': {}}]},
+        code={'domain': 'code', 'prompt': 'Echo the input.',
+              'tests': [{'input': 'a\n', 'output': 'a\n'}]})
+    for name, record in records.items():
+        for split in ('train', 'val'):
+            (smollm2 / 'data' / f'{name}_{split}.jsonl').write_text(json.dumps(record) + '\n')
+    return dict(GEPO_MODEL_PATH=str(model), GEPO_DATA_DIR=str(data), GEPO_TINY_DIR=str(tiny),
+                GEPO_SMOLLM2_DIR=str(smollm2))
 
 
 def check(*args, env: dict[str, str] | None = None, unset=('GEPO_MODEL_PATH', 'GEPO_DATA_DIR',
