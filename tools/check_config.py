@@ -445,10 +445,6 @@ class Checker:
         self.rows['micro batch'] = ('the whole minibatch per forward/backward' if budget is None
                                     else f'<= {budget} padded tokens per forward/backward '
                                          '(gradients accumulated by the loop)')
-        for old in ('micro_batch_size', 'logprob_batch_size'):
-            if loop.get(old) is not None:
-                self.problem(f'train_cfg.{old}', 'no longer exists: micro-batches are formed by '
-                             'a token budget, set train_cfg.max_tokens_per_micro_batch')
         if optim.get('accumulative_counts', 1) != 1:
             self.problem('optim_wrapper.accumulative_counts',
                          f'is {optim.get("accumulative_counts")}: the RL loop accumulates '

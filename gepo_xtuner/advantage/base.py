@@ -105,16 +105,6 @@ class AdvantageOutput:
         out = self.damped_positive | self.damped_negative
         return out if self.keep is None else out | ~self.keep
 
-    @property
-    def shaped_low(self) -> Tensor:
-        """GEPO's name for ``damped_positive`` (low-entropy groups)."""
-        return self.damped_positive
-
-    @property
-    def shaped_high(self) -> Tensor:
-        """GEPO's name for ``damped_negative`` (high-entropy groups), plus removed rows."""
-        return self.damped_negative if self.keep is None else self.damped_negative | ~self.keep
-
 
 @dataclass
 class GroupView:

@@ -3,11 +3,10 @@
 from .curves_hook import TrainingCurvesHook
 from .fileio import AtomicLocalBackend
 from .flexible_runner import RLFlexibleRunner
-from .gepo_hook import GEPOThresholdHook
 from .logging import OptionalTensorboardVisBackend, RLLogProcessor
 from .loop import RLTrainLoop
 from .loop_state_hook import RLLoopStateHook
 from .runner import RLRunner
 
-__all__ = ['RLTrainLoop', 'GEPOThresholdHook', 'RLLoopStateHook', 'TrainingCurvesHook',
+__all__ = ['RLTrainLoop', 'RLLoopStateHook', 'TrainingCurvesHook',
            'RLRunner', 'RLFlexibleRunner', 'AtomicLocalBackend', 'RLLogProcessor', 'OptionalTensorboardVisBackend']
