@@ -4,12 +4,13 @@ from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
-#: The console line: ``(label, metric)`` pairs, shown when the step has the metric.
-SUMMARY = (('reward', 'reward/mean'), ('val', 'val/acc'), ('H_group', 'entropy/group_mean'),
-           ('band_low', 'gepo/h_low'), ('band_high', 'gepo/h_high'),
-           ('damped+', 'shaping/frac_damped_pos'), ('damped-', 'shaping/frac_damped_neg'),
-           ('removed', 'shaping/frac_removed'), ('pg', 'loss/pg'),
-           ('grad_norm', 'optim/grad_norm'), ('s/step', 'time/step'))
+#: The console line: ``(label, metrics)``, shown when the step has all the metrics; two
+#: metrics print as ``a/b``. Shaping shares are of the step's responses.
+SUMMARY = (('reward', ('reward/mean',)), ('val', ('val/acc',)),
+           ('H_group', ('entropy/group_mean',)), ('band', ('gepo/h_low', 'gepo/h_high')),
+           ('damped+/-', ('shaping/frac_damped_pos', 'shaping/frac_damped_neg')),
+           ('pg', ('loss/pg',)), ('grad_norm', ('optim/grad_norm',)),
+           ('s/step', ('time/step',)))
 #: What mmengine's own hooks record at every iteration (kept in every step's scalars).
 #: Not its ``grad_norm``: that is the last minibatch's, the loop logs ``optim/grad_norm``.
 PER_ITER_KEYS = ('lr', 'time', 'data_time')
@@ -22,7 +23,8 @@ class RLLogProcessor(LogProcessor):
     With dozens of per-domain metrics per step, mmengine's default line is
     unreadable. The printed line is the step counter, ETA, learning rate and the
     ``summary`` metrics the step has (about 150 characters), e.g.
-    ``Iter(train) [ 20/150]  eta 2m11s  lr 1e-04  reward 0.52  H_group 0.613 ...``.
+    ``Iter(train) [ 20/150]  eta 2m11s  lr 1e-04  reward 0.52  H_group 0.613  band
+    0.52/0.71  damped+/- 0.09/0.11 ...``.
 
     The tag (what visualizer backends and ``scalars.json`` get) holds only what
     was measured at this step: the RL loop's metrics of the step
@@ -31,11 +33,12 @@ class RLLogProcessor(LogProcessor):
     validation (or without a domain in its batch) would repeat the last value.
 
     Args:
-        summary: ``(label, metric)`` pairs to print.
+        summary: ``(label, metrics)`` pairs to print.
         **kwargs: :class:`mmengine.runner.LogProcessor` arguments.
     """
 
-    def __init__(self, summary: tuple[tuple[str, str], ...] = SUMMARY, **kwargs) -> None:
+    def __init__(self, summary: tuple[tuple[str, tuple[str, ...]], ...] = SUMMARY,
+                 **kwargs) -> None:
         kwargs.setdefault('by_epoch', False)
         kwargs.setdefault('window_size', 1)
         super().__init__(**kwargs)
@@ -55,7 +58,8 @@ class RLLogProcessor(LogProcessor):
             parts.append(f'eta {int(eta) // 60}m{int(eta) % 60:02d}s')
         if 'lr' in tag:
             parts.append(f'lr {tag["lr"]:.0e}')
-        parts += [f'{label} {tag[key]:.3g}' for label, key in self.summary if key in tag]
+        parts += [f'{label} ' + '/'.join(f'{tag[k]:.3g}' for k in keys)
+                  for label, keys in self.summary if all(k in tag for k in keys)]
         return tag, '  '.join(parts)
 
 
