@@ -21,8 +21,8 @@ from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .geometry import StepGeometry, check_group_size
-from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
-                       minibatches)
+from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, loss_inputs,
+                       micro_batches, minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
 from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
 from .requests import check_policy_inputs, encode_request
@@ -485,32 +485,6 @@ def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(((seed or 0) * 1_000_003 + step) % 2**63)
         yield
-
-
-def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, totals: torch.Tensor, sampling: SamplingParams
-                ) -> dict[str, Any]:
-    """``RLPolicy`` loss-mode inputs of one micro-batch.
-
-    Args:
-        batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
-        old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
-        advantages: ``(N,)``.
-        totals: ``(2,)`` float64, valid tokens and non-empty responses of the WHOLE
-            minibatch over all ranks: the loss denominators.
-        sampling: the rollout's sampling parameters (temperature; the length cap is
-            Dr.GRPO's constant normaliser).
-    """
-    part = batch.rows(rows)
-    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                  response_mask=part.response_mask,
-                  old_logprobs=old_logprobs[rows, :part.response_width],
-                  advantages=advantages[rows], num_tokens=totals[0].float(),
-                  num_seqs=totals[1].float(), norm_length=sampling.max_new_tokens,
-                  temperature=sampling.temperature)
-    if part.mm_inputs is not None:
-        inputs['mm_inputs'] = part.multimodal_inputs()
-    return inputs
 
 
 def check_training_sampling(params: SamplingParams) -> None:
