@@ -40,6 +40,7 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     3. share of responses whose advantage was damped, per domain: positive
        (``shaping/frac_damped_pos/<domain>``, solid) and negative (``..._neg``, dashed);
        removed responses (``shaping/frac_removed/<domain>``, dotted) for gating shapers;
+       a share that is 0 at every step is not drawn;
     4. validation accuracy per domain or benchmark (``val/<name>/acc``, Figure 3).
 
     Args:
@@ -50,8 +51,9 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     """
     entropy = _series(history, 'entropy/group/')
     reward = _series(history, 'reward/mean/')
-    shaping = {style: _series(history, f'shaping/frac_{kind}/') for kind, style in
-               (('damped_pos', '-'), ('damped_neg', '--'), ('removed', ':'))}
+    shaping = {style: {name: xy for name, xy in _series(history, f'shaping/frac_{kind}/').items()
+                       if any(xy[1])}  # a share that stays 0 (e.g. GEPO removes none) is not drawn
+               for kind, style in (('damped_pos', '-'), ('damped_neg', '--'), ('removed', ':'))}
     val = _series(history, 'val/', '/acc')
     names = sorted(set(entropy) | set(reward) | set(val)
                    | {n for s in shaping.values() for n in s})

@@ -23,8 +23,8 @@ class RLLogProcessor(LogProcessor):
     With dozens of per-domain metrics per step, mmengine's default line is
     unreadable. The printed line is the step counter, ETA, learning rate and the
     ``summary`` metrics the step has (about 150 characters), e.g.
-    ``Iter(train) [ 20/150]  eta 2m11s  lr 1e-04  reward 0.52  H_group 0.613  band
-    0.52/0.71  damped+/- 0.09/0.11 ...``.
+    ``Iter(train) [5/8]  eta 1m06s  lr 1e-04  reward 0.273  H_group 0.558  band
+    0.255/0.432  damped+/- 0.0312/0.141  pg 0.00894  grad_norm 1.26  s/step 9.29``.
 
     The tag (what visualizer backends and ``scalars.json`` get) holds only what
     was measured at this step: the RL loop's metrics of the step
