@@ -292,18 +292,12 @@ class GEPOAdvantageConfig(BaseAdvantageConfig):
         eps (float): GRPO's std guard, > 0.
     """
 
-    alpha_low: Annotated[float, _param('Scale of positive advantages of low-entropy groups.')] = (
-        DEFAULTS['alpha_low'])
-    alpha_high: Annotated[float, _param('Scale of negative advantages of high-entropy groups.')] = (
-        DEFAULTS['alpha_high'])
-    beta_low: Annotated[float, _param('Lower entropy band margin, in batch stds.')] = (
-        DEFAULTS['beta_low'])
-    beta_high: Annotated[float, _param('Upper entropy band margin, in batch stds.')] = (
-        DEFAULTS['beta_high'])
-    gamma: Annotated[float, _param('EMA rate of the entropy band per step.')] = (
-        DEFAULTS['gamma'])
-    eps: Annotated[float, _param('Small constant for numerical stability.')] = (
-        DEFAULTS['eps'])
+    alpha_low: Annotated[float, _param('Scale of A > 0 in low-entropy groups.')] = DEFAULTS['alpha_low']
+    alpha_high: Annotated[float, _param('Scale of A < 0 in high-entropy groups.')] = DEFAULTS['alpha_high']
+    beta_low: Annotated[float, _param('Lower band margin, in stds.')] = DEFAULTS['beta_low']
+    beta_high: Annotated[float, _param('Upper band margin, in stds.')] = DEFAULTS['beta_high']
+    gamma: Annotated[float, _param('EMA rate of the band.')] = DEFAULTS['gamma']
+    eps: Annotated[float, _param('GRPO std guard.')] = DEFAULTS['eps']
 
     @model_validator(mode='after')
     def _check_ranges(self) -> 'GEPOAdvantageConfig':
