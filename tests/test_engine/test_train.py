@@ -3,6 +3,7 @@
 import json
 import math
 
+import pytest
 import torch
 
 from .conftest import scalars, train, write_config
@@ -98,6 +99,18 @@ def test_gepo_shaped_rloo_trains(tmp_path, tiny_dir):
             assert math.isfinite(logged[step][key]), (step, key)
     state = load_ckpt(work / 'iter_2.pth')['gepo_xtuner/rl_loop']['advantage']
     assert state['processor'] == 'GEPOAdvantage' and state['state']['num_updates'] == 2
+    # one gradient norm, no repeated loss, strict JSON, a short console line, no notices
+    for step in (1, 2):
+        assert 'optim/grad_norm' in logged[step]
+        assert 'grad_norm' not in logged[step] and 'loss' not in logged[step], logged[step]
+    for path in work.glob('*/vis_data/scalars.json'):
+        for line in path.read_text().splitlines():
+            json.loads(line, parse_constant=lambda c: pytest.fail(f'{c} in {path}'))
+    out = proc.stdout + proc.stderr
+    lines = [line for line in out.splitlines() if 'Iter(train)' in line]
+    assert len(lines) == 2 and all(len(line) <= 200 for line in lines), lines
+    for notice in ('From v4.47 onwards', 'Reach the end of the dataloader'):
+        assert notice not in out
 
 
 def test_a_checkpoint_without_processor_state_warns_and_resumes(tmp_path, tiny_dir):
