@@ -131,3 +131,18 @@ def test_the_literal_finder_finds_each_form(tmp_path, source, expected):
     path = tmp_path / 'm.py'
     path.write_text(source)
     assert gepo_literals(path) == expected
+
+
+def test_readme_starts_with_what_to_type():
+    first = (ROOT / 'README.md').read_text().splitlines()[:40]
+    assert any('make demo' in line for line in first) and any('make test' in line for line in first)
+
+
+def test_docs_links_resolve():
+    """Every relative link of README.md and docs/*.md names a file that exists."""
+    broken = []
+    for doc in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]:
+        for target in re.findall(r'\]\(([^)#\s]+)(?:#[^)]*)?\)', doc.read_text()):
+            if '://' not in target and not (doc.parent / target).exists():
+                broken.append(f'{doc.relative_to(ROOT)} -> {target}')
+    assert not broken, broken
