@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     torch.set_num_threads(1)
-    from gepo_xtuner.model.tiny import EOS_ID, build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.tiny import EOS_ID, build_char_tokenizer, build_tiny_model
     from gepo_xtuner.rollout import LMDeployRolloutBackend, RolloutRequest, SamplingParams
     from tests.test_rollout.lmdeploy_cpu_engine import LMDeployCPUServer
 

@@ -115,7 +115,7 @@ def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed
 
 def save_model(path: Path, vocab: int, hidden: int, layers: int) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from gepo_xtuner.model.tiny import build_char_tokenizer
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer
     config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
                          intermediate_size=hidden * 11 // 4, max_position_embeddings=4096,

@@ -34,7 +34,7 @@ def main() -> None:
 
     import torch
     torch.set_num_threads(1)
-    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     from gepo_xtuner.rollout import LMDeployRolloutBackend, RolloutRequest, SamplingParams
     from tests.test_rollout.protocol_double import LMDeployProtocolDouble
 

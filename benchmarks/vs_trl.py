@@ -91,8 +91,8 @@ class Gate:
 def tiny_dir(arg: str | None, work: Path) -> Path:  # an untrained one if none was prepared
     path = Path(arg or os.environ.get('GEPO_TINY_DIR', 'work_dirs/tiny_cpu')).resolve()
     if not (path / 'model' / 'config.json').is_file():
-        from gepo_xtuner.data.synthetic_tasks import build_task_files
-        from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+        from gepo_xtuner.testbed.synthetic_tasks import build_task_files
+        from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
         path, tok = work / 'tiny_untrained', build_char_tokenizer()
         print(f'note: no model from tools/prepare_tiny_cpu.py; UNTRAINED weights in {path}')
         build_tiny_model(len(tok), seed=0).save_pretrained(path / 'model')

@@ -9,7 +9,7 @@ name raises ``KeyError`` (mmengine's ``force=False``) instead of replacing it.
 
 Example:
     >>> from gepo_xtuner.registry import ADVANTAGES
-    >>> proc = ADVANTAGES.build(dict(type='GEPOAdvantage', alpha_low=0.5))
+    >>> proc = ADVANTAGES.build(dict(type='GEPOAdvantage', alpha_low=1.0))
     >>> type(proc).__name__
     'GEPOAdvantage'
 

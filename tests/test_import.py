@@ -9,14 +9,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_has_no_side_effects():
-    """No matplotlib (hence no backend chosen), no environment variable, no demo fixtures,
+    """No matplotlib (hence no backend chosen), no environment variable, no testbed module,
     and every extension point registered."""
     code = (
         'import os, sys, gepo_xtuner\n'
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'\n"
         "assert 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD' not in os.environ\n"
-        "fixtures = [m for m in sys.modules if m.startswith('gepo_xtuner') and m.rsplit('.', 1)[-1]\n"
-        "            in ('tiny', 'tiny_vl', 'synthetic_tasks', 'synthetic', 'smoke')]\n"
+        "fixtures = [m for m in sys.modules if m.startswith('gepo_xtuner.testbed')]\n"
         "assert not fixtures, fixtures\n"
         "assert 'GEPOAdvantage' in gepo_xtuner.ADVANTAGES.module_dict\n"
         "print('ok')\n")

@@ -20,8 +20,8 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from gepo_xtuner.data.synthetic_tasks import build_task_files
-from gepo_xtuner.model.tiny import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model
+from gepo_xtuner.testbed.synthetic_tasks import build_task_files
+from gepo_xtuner.testbed.tiny import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model
 
 
 def build_tiny_qwen3_5(vocab_size: int, seed: int) -> torch.nn.Module:

@@ -27,7 +27,7 @@ xtuner.tools.train``, under torchrun for P > 1), with the model swapped for a ti
 one of the same family, a small generated record set for the config's reward domains,
 batches scaled down with the structure kept (K, minibatches per rollout batch,
 micro-batches, P ranks), the in-process ``HFRolloutBackend`` instead of LMDeploy, gloo
-and float32 (see :mod:`gepo_xtuner.smoke`). No weights or data are needed. The last
+and float32 (see :mod:`gepo_xtuner.testbed.smoke`). No weights or data are needed. The last
 stdout line is a JSON object with the last step's logged metrics; on failure the tail
 of the training log is printed and the exit status is 1.
 
@@ -456,10 +456,6 @@ class Checker:
         self.rows['micro batch'] = ('the whole minibatch per forward/backward' if budget is None
                                     else f'<= {budget} padded tokens per forward/backward '
                                          '(gradients accumulated by the loop)')
-        for old in ('micro_batch_size', 'logprob_batch_size'):
-            if loop.get(old) is not None:
-                self.problem(f'train_cfg.{old}', 'no longer exists: micro-batches are formed by '
-                             'a token budget, set train_cfg.max_tokens_per_micro_batch')
         if optim.get('accumulative_counts', 1) != 1:
             self.problem('optim_wrapper.accumulative_counts',
                          f'is {optim.get("accumulative_counts")}: the RL loop accumulates '
@@ -594,7 +590,7 @@ def smoke(args: argparse.Namespace) -> int:
 
     from mmengine.config import Config
 
-    from gepo_xtuner import smoke as sm
+    from gepo_xtuner.testbed import smoke as sm
 
     path: Path = args.configs[0]
     if not path.is_file():

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gepo_xtuner.analysis.synthetic import synthetic_rollouts
+from gepo_xtuner.testbed.sample_rollouts import synthetic_rollouts
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
-from gepo_xtuner.model.tiny import read_warm_start_report, warm_start
+from gepo_xtuner.testbed.tiny import read_warm_start_report, warm_start
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -37,14 +37,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gepo_xtuner.analysis.experiments import (load_history, plot_figures,  # noqa: E402
+from gepo_xtuner.testbed.experiments import (load_history, plot_figures,  # noqa: E402
                                               results_markdown, summarize_run)
 
 #: The paper's comparison (Table 1) and its ablations (Table 2), in table order.
 METHODS = ('grpo', 'aepo', 'clip_cov', 'kl_cov', 'gepo', 'gepo_wo_low', 'gepo_wo_high',
            'gepo_symmetric')
 CONFIG_DIR = ROOT / 'configs' / 'experiments'
-#: The testbed's warm start: the default recipe of gepo_xtuner.model.tiny.warm_start, with a
+#: The testbed's warm start: the default recipe of gepo_xtuner.testbed.tiny.warm_start, with a
 #: share of each domain's demonstrations showing a systematic mistake (the answer reversed)
 #: that the verifiable reward can train away: a learning signal RL can find within minutes.
 WARM_START = dict(noise={'copy': 0.1, 'sort': 0.2, 'add': 0.3, 'mul': 0.4})
@@ -140,7 +140,7 @@ def ensure_tiny(tiny_dir: Path | None) -> tuple[Path, dict | None]:
     cached in ``work_dirs/tiny_cpu_grid`` (what ``tools/prepare_tiny_cpu.py --out
     work_dirs/tiny_cpu_grid --noise copy=0.1 sort=0.2 add=0.3 mul=0.4`` writes).
     """
-    from gepo_xtuner.model.tiny import read_warm_start_report, warm_start
+    from gepo_xtuner.testbed.tiny import read_warm_start_report, warm_start
     if tiny_dir is None:
         tiny_dir = ROOT / 'work_dirs' / 'tiny_cpu_grid'
         warm_start(tiny_dir, progress=lambda line: print(line, flush=True), **WARM_START)

@@ -1,8 +1,8 @@
 """Qwen3.5-9B text RL with GEPO on XTuner v1's colocated RL trainer (Ray + LMDeploy).
 
 GEPO's paper settings (section 3.1): K = 16 responses per prompt at temperature 1, 256
-prompts per rollout batch, minibatches of 32 prompts (8 optimizer steps per batch),
-alpha_high 0.2, alpha_low 0.5, beta_high 0.3, beta_low 0.2, gamma 0.01.
+prompts per rollout batch, minibatches of 32 prompts (8 optimizer steps per batch); GEPO's
+alpha / beta / gamma are GEPOAdvantageConfig's defaults, GEPOAdvantage's (the paper's).
 Differences from the paper's setting and from this project's legacy-XTuner config
 (configs/gepo_qwen3_5_9b.py) are listed in docs/xtuner_v1.md: v1's policy loss is
 PPO clip, not CISPO.
@@ -210,9 +210,7 @@ trainer = GEPORLColocateTrainerConfig(
     load_from=model_path,
     total_train_steps=total_train_steps,
     train_batch_size=train_batch_size,
-    advantage_estimator_config=GEPOAdvantageConfig(
-        alpha_low=0.5, alpha_high=0.2, beta_low=0.2, beta_high=0.3, gamma=0.01, eps=1e-8
-    ),
+    advantage_estimator_config=GEPOAdvantageConfig(),
     enable_evaluate=True,
     enable_initial_evaluate=True,
     evaluate_step=evaluate_step,

@@ -105,16 +105,6 @@ class AdvantageOutput:
         out = self.damped_positive | self.damped_negative
         return out if self.keep is None else out | ~self.keep
 
-    @property
-    def shaped_low(self) -> Tensor:
-        """GEPO's name for ``damped_positive`` (low-entropy groups)."""
-        return self.damped_positive
-
-    @property
-    def shaped_high(self) -> Tensor:
-        """GEPO's name for ``damped_negative`` (high-entropy groups), plus removed rows."""
-        return self.damped_negative if self.keep is None else self.damped_negative | ~self.keep
-
 
 @dataclass
 class GroupView:
@@ -231,8 +221,22 @@ class AdvantageProcessor(abc.ABC):
         """Shapes :meth:`estimate`'s ``(N,)`` float64 advantages; identity by default."""
         return Shaping.identity(advantages)
 
+    #: The class of the state a stateful shaper needs (None: stateless); every call checks it.
+    state_type: type | None = None
+    #: What a shaper measures from the batch's logprobs ('' if it needs none).
+    measures: str = ''
+
+    @property
+    def estimator(self) -> 'AdvantageProcessor':
+        """The processor whose :meth:`estimate` gives the advantages: itself, or a
+        shaper's ``base``."""
+        return self
+
     def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
-        """Computes advantages for one step's (local) batch.
+        """Computes advantages for one step's (local) batch: the whole template.
+
+        ``batch.validate()`` -> :meth:`estimator`'s :meth:`estimate` -> :meth:`shape`
+        -> metrics; nothing else runs in between, for estimators and shapers alike.
 
         Args:
             batch: the responses of this step on this rank.
@@ -242,10 +246,18 @@ class AdvantageProcessor(abc.ABC):
         Returns:
             The advantages, what shaping did, and the metrics.
         """
+        name = type(self).__name__
+        if self.state_type is not None and not isinstance(state, self.state_type):
+            raise TypeError(f'{name} is stateful: create the state once with `state = '
+                            'processor.init_state()` and pass it to every call, got '
+                            f'{type(state).__name__}')
+        if self.measures and batch.logprobs is None:
+            raise ValueError(f'{name} needs the response logprobs and mask in the batch to '
+                             f'measure {self.measures}')
         batch.validate()
         rewards = batch.rewards.to(torch.float64)
         groups = self._group_view(batch)
-        raw = self.estimate(rewards, groups.segments)
+        raw = self.estimator.estimate(rewards, groups.segments)
         shaping = self.shape(raw, groups, batch, state)
         metrics = dict(shaping.metrics)
         metrics.update(self._metrics(rewards, raw, shaping, groups, batch))
@@ -378,24 +390,12 @@ class AdvantageShaper(AdvantageProcessor):
         self.base = estimator
         self.min_group_size = estimator.min_group_size
 
-    #: The class of this shaper's state (None: stateless); every call checks it.
-    state_type: type | None = None
-    #: What the shaper measures from the batch's logprobs ('' if it needs none).
-    measures: str = ''
-
-    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
-        name = type(self).__name__
-        if self.state_type is not None and not isinstance(state, self.state_type):
-            raise TypeError(f'{name} is stateful: create the state once with `state = '
-                            'processor.init_state()` and pass it to every call, got '
-                            f'{type(state).__name__}')
-        if self.measures and batch.logprobs is None:
-            raise ValueError(f'{name} needs the response logprobs and mask in the batch to '
-                             f'measure {self.measures}')
-        return super().__call__(batch, state)
+    @property
+    def estimator(self) -> AdvantageProcessor:
+        return self.base
 
     def estimate(self, rewards: Tensor, segments: Segments) -> Tensor:
-        """The base estimator's advantages."""
+        """The base estimator's advantages (what :meth:`__call__` uses)."""
         return self.base.estimate(rewards, segments)
 
     @abc.abstractmethod

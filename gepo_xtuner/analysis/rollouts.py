@@ -177,8 +177,9 @@ def analyze_rollouts(table: RolloutTable, processor: AdvantageProcessor) -> Anal
         result.advantages[rows] = out.advantages.double().numpy()
         result.raw_advantages[rows] = out.raw_advantages.double().numpy()
         result.group_entropy[rows] = out.group_entropy.numpy()
-        result.shaped_low[rows] = out.shaped_low.numpy()
-        result.shaped_high[rows] = out.shaped_high.numpy()
+        result.shaped_low[rows] = out.damped_positive.numpy()
+        high = out.damped_negative if out.keep is None else out.damped_negative | ~out.keep
+        result.shaped_high[rows] = high.numpy()
         band, m = out.band, out.metrics
         if band is not None:  # an entropy-band shaper: the band it used and its statistics
             result.thresholds.append(dict(step=step, h_low=band.low, h_high=band.high,

@@ -1,7 +1,7 @@
 """Task data: the record schema and its loaders.
 
 The synthetic multi-domain task mix of the CPU demo lives in
-:mod:`gepo_xtuner.data.synthetic_tasks`; it is a fixture, not part of the library,
+:mod:`gepo_xtuner.testbed.synthetic_tasks`; it is a fixture, not part of the library,
 and ``import gepo_xtuner`` does not import it.
 """
 

@@ -4,12 +4,11 @@ from .curves_hook import TrainingCurvesHook
 from .export_hook import HFExportHook
 from .fileio import AtomicLocalBackend
 from .flexible_runner import RLFlexibleRunner
-from .gepo_hook import GEPOThresholdHook
 from .logging import OptionalTensorboardVisBackend, RLLogProcessor
 from .loop import RLTrainLoop
 from .loop_state_hook import RLLoopStateHook
 from .runner import RLRunner
 
-__all__ = ['RLTrainLoop', 'GEPOThresholdHook', 'RLLoopStateHook', 'TrainingCurvesHook',
+__all__ = ['RLTrainLoop', 'RLLoopStateHook', 'TrainingCurvesHook', 'HFExportHook',
            'RLRunner', 'RLFlexibleRunner', 'AtomicLocalBackend', 'RLLogProcessor',
-           'OptionalTensorboardVisBackend', 'HFExportHook']
+           'OptionalTensorboardVisBackend']

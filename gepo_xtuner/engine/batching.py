@@ -1,13 +1,14 @@
-"""Turn sampled responses into padded training tensors."""
+"""Turn sampled responses into padded training tensors, minibatches and micro-batch inputs."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..ops.multimodal import MMInputs, concat_mm_inputs
-from ..rollout import RolloutSample
+from ..rollout import RolloutSample, SamplingParams
 
 
 @dataclass
@@ -229,3 +230,29 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
             low = mid + 1
     return [torch.tensor(block, dtype=rows.dtype)
             for block in _pack(order, prompt, response, high, packed)]
+
+
+def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
+                advantages: torch.Tensor, totals: torch.Tensor, sampling: SamplingParams
+                ) -> dict[str, Any]:
+    """``RLPolicy`` loss-mode inputs of one micro-batch.
+
+    Args:
+        batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
+        old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
+        advantages: ``(N,)``.
+        totals: ``(2,)`` float64, valid tokens and non-empty responses of the WHOLE
+            minibatch over all ranks: the loss denominators.
+        sampling: the rollout's sampling parameters (temperature; the length cap is
+            Dr.GRPO's constant normaliser).
+    """
+    part = batch.rows(rows)
+    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
+                  response_mask=part.response_mask,
+                  old_logprobs=old_logprobs[rows, :part.response_width],
+                  advantages=advantages[rows], num_tokens=totals[0].float(),
+                  num_seqs=totals[1].float(), norm_length=sampling.max_new_tokens,
+                  temperature=sampling.temperature)
+    if part.mm_inputs is not None:
+        inputs['mm_inputs'] = part.multimodal_inputs()
+    return inputs

@@ -4,21 +4,27 @@ from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
-SUMMARY = ('reward/mean', 'val/acc', 'adv/frac_zero', 'entropy/group_mean', 'entropy/policy',
-           'gepo/h_low', 'gepo/h_high', 'shaping/frac_damped_pos', 'shaping/frac_damped_neg',
-           'shaping/frac_removed', 'loss/pg', 'loss/clipfrac', 'loss/approx_kl', 'optim/grad_norm', 'perf/gen_tokens_per_sec',
-           'time/step')
+#: The console line: ``(label, metrics)``, shown when the step has all the metrics; two
+#: metrics print as ``a/b``. Shaping shares are of the step's responses.
+SUMMARY = (('reward', ('reward/mean',)), ('val', ('val/acc',)),
+           ('H_group', ('entropy/group_mean',)), ('band', ('gepo/h_low', 'gepo/h_high')),
+           ('damped+/-', ('shaping/frac_damped_pos', 'shaping/frac_damped_neg')),
+           ('pg', ('loss/pg',)), ('grad_norm', ('optim/grad_norm',)),
+           ('s/step', ('time/step',)))
 #: What mmengine's own hooks record at every iteration (kept in every step's scalars).
-PER_ITER_KEYS = ('lr', 'time', 'data_time', 'grad_norm')
+#: Not its ``grad_norm``: that is the last minibatch's, the loop logs ``optim/grad_norm``.
+PER_ITER_KEYS = ('lr', 'time', 'data_time')
 
 
 @LOG_PROCESSORS.register_module()
 class RLLogProcessor(LogProcessor):
-    """Prints a one-line step summary; the scalar backends receive every metric.
+    """Prints a short step line; the scalar backends receive every metric.
 
     With dozens of per-domain metrics per step, mmengine's default line is
-    unreadable. The printed line is restricted to ``summary_keys`` (those present),
-    plus step counter, learning rate and ETA.
+    unreadable. The printed line is the step counter, ETA, learning rate and the
+    ``summary`` metrics the step has (about 150 characters), e.g.
+    ``Iter(train) [5/8]  eta 1m06s  lr 1e-04  reward 0.273  H_group 0.558  band
+    0.255/0.432  damped+/- 0.0312/0.141  pg 0.00894  grad_norm 1.26  s/step 9.29``.
 
     The tag (what visualizer backends and ``scalars.json`` get) holds only what
     was measured at this step: the RL loop's metrics of the step
@@ -27,15 +33,16 @@ class RLLogProcessor(LogProcessor):
     validation (or without a domain in its batch) would repeat the last value.
 
     Args:
-        summary_keys: metric names to print.
+        summary: ``(label, metrics)`` pairs to print.
         **kwargs: :class:`mmengine.runner.LogProcessor` arguments.
     """
 
-    def __init__(self, summary_keys: tuple[str, ...] = SUMMARY, **kwargs) -> None:
+    def __init__(self, summary: tuple[tuple[str, tuple[str, ...]], ...] = SUMMARY,
+                 **kwargs) -> None:
         kwargs.setdefault('by_epoch', False)
         kwargs.setdefault('window_size', 1)
         super().__init__(**kwargs)
-        self.summary_keys = tuple(summary_keys)
+        self.summary = tuple(summary)
 
     def get_log_after_iter(self, runner, batch_idx: int, mode: str) -> tuple[dict, str]:
         tag, log_str = super().get_log_after_iter(runner, batch_idx, mode)
@@ -45,14 +52,14 @@ class RLLogProcessor(LogProcessor):
         if fresh is not None:
             tag = {k: v for k, v in tag.items()
                    if k in fresh or k in PER_ITER_KEYS or k.endswith('lr')}
-        head = log_str.split('  lr:')[0].split('  time:')[0]
-        parts = [head]
-        if 'lr' in tag:
-            parts.append(f'lr: {tag["lr"]:.3e}')
+        parts = [log_str.split('  lr:')[0].split('  time:')[0]]
         eta = runner.message_hub.get_info('eta')
         if eta is not None:
-            parts.append(f'eta: {int(eta) // 60}m{int(eta) % 60:02d}s')
-        parts += [f'{k}: {tag[k]:.4g}' for k in self.summary_keys if k in tag]
+            parts.append(f'eta {int(eta) // 60}m{int(eta) % 60:02d}s')
+        if 'lr' in tag:
+            parts.append(f'lr {tag["lr"]:.0e}')
+        parts += [f'{label} ' + '/'.join(f'{tag[k]:.3g}' for k in keys)
+                  for label, keys in self.summary if all(k in tag for k in keys)]
         return tag, '  '.join(parts)
 
 

@@ -21,8 +21,8 @@ from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .geometry import StepGeometry, check_group_size
-from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, micro_batches,
-                       minibatches)
+from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, loss_inputs,
+                       micro_batches, minibatches)
 from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
 from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
 from .requests import check_policy_inputs, encode_request
@@ -117,16 +117,9 @@ class RLTrainLoop(BaseLoop):
                  max_tokens_per_micro_batch: int | None = None,
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
-                 prompts_per_step: int | None = None, minibatch_responses: int | None = None,
-                 micro_batch_size: Any = None, logprob_batch_size: Any = None) -> None:
+                 prompts_per_step: int | None = None,
+                 minibatch_responses: int | None = None) -> None:
         super().__init__(runner, dataloader)
-        if micro_batch_size is not None or logprob_batch_size is not None:
-            raise ValueError(
-                'train_cfg.micro_batch_size and train_cfg.logprob_batch_size are gone: '
-                'micro-batches are formed by a token budget; set '
-                'train_cfg.max_tokens_per_micro_batch (and optionally '
-                'logprob_max_tokens_per_micro_batch) and remove accumulative_counts from '
-                'optim_wrapper')
         if max_steps < 1 or num_responses < 1 or minibatch_size < 1 or ppo_epochs < 1:
             raise ValueError('RLTrainLoop needs max_steps, num_responses, minibatch_size and '
                              f'ppo_epochs >= 1, got {max_steps}, {num_responses}, '
@@ -356,6 +349,9 @@ class RLTrainLoop(BaseLoop):
         metrics['perf/gen_tokens_per_sec'] = new_tokens / max(times['rollout'], 1e-9)
         metrics.update({f'time/{k}': v for k, v in times.items()})
         metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
+        # undefined values (the band before it exists, the skewness of all-zero advantages)
+        # are left out: NaN is not JSON, and a reader treats an absent key as "not measured"
+        metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
         self.history.append(dict(step=float(step), **metrics))
         self.step_metrics = metrics
         self.runner.call_hook('after_train_iter', batch_idx=self._iter, data_batch=records,
@@ -491,32 +487,6 @@ def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
         yield
 
 
-def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, totals: torch.Tensor, sampling: SamplingParams
-                ) -> dict[str, Any]:
-    """``RLPolicy`` loss-mode inputs of one micro-batch.
-
-    Args:
-        batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
-        old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
-        advantages: ``(N,)``.
-        totals: ``(2,)`` float64, valid tokens and non-empty responses of the WHOLE
-            minibatch over all ranks: the loss denominators.
-        sampling: the rollout's sampling parameters (temperature; the length cap is
-            Dr.GRPO's constant normaliser).
-    """
-    part = batch.rows(rows)
-    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                  response_mask=part.response_mask,
-                  old_logprobs=old_logprobs[rows, :part.response_width],
-                  advantages=advantages[rows], num_tokens=totals[0].float(),
-                  num_seqs=totals[1].float(), norm_length=sampling.max_new_tokens,
-                  temperature=sampling.temperature)
-    if part.mm_inputs is not None:
-        inputs['mm_inputs'] = part.multimodal_inputs()
-    return inputs
-
-
 def check_training_sampling(params: SamplingParams) -> None:
     """Refuses sampling settings whose distribution the trainer cannot score.
 
@@ -541,16 +511,18 @@ def check_training_sampling(params: SamplingParams) -> None:
 class MicroBatchStats:
     """Reduces the loss outputs of micro-batches, minibatches and ranks to step metrics.
 
-    - ``loss``, ``loss/pg``, ``loss/kl_ref``, ``loss/cov_tokens``: each micro-batch
+    - ``loss/pg``, ``loss/kl_ref``, ``loss/cov_tokens``: each micro-batch
       holds its share of a minibatch-normalised sum, so they add up over
       micro-batches and ranks; the step value is their mean over minibatches.
+    - ``loss`` (the objective, ``loss/pg`` plus ``kl_coef * loss/kl_ref``) is not
+      repeated.
     - ``ratio/max`` / ``ratio/min``: maximum / minimum.
     - everything else (fractions, means): weighted by the micro-batch's tokens.
 
     Two all-reduces per step (sum, max), whatever the number of micro-batches.
     """
 
-    ADDITIVE = ('loss', 'loss/pg', 'loss/kl_ref', 'loss/cov_tokens')
+    ADDITIVE = ('loss/pg', 'loss/kl_ref', 'loss/cov_tokens')
     EXTREMES = {'ratio/max': 1.0, 'ratio/min': -1.0}  # sign: reduce all as a max
 
     def __init__(self) -> None:
@@ -564,6 +536,8 @@ class MicroBatchStats:
         for log_vars, n in zip(logs, tokens):
             self.tokens += n
             for key, value in log_vars.items():
+                if key == 'loss':
+                    continue
                 value = float(value)
                 if key in self.EXTREMES:
                     if n:

@@ -11,8 +11,6 @@ from mmengine.registry import HOOKS
 
 #: The checkpoint key of :meth:`RLTrainLoop.state_dict`.
 KEY = 'gepo_xtuner/rl_loop'
-#: Where checkpoints written before the loop owned the processor state kept it.
-LEGACY_ADVANTAGE_KEY = 'gepo_xtuner/advantage_state'
 
 
 def capture_rng() -> dict[str, Any]:
@@ -31,23 +29,6 @@ def restore_rng(rng: dict[str, Any]) -> None:
     random.setstate(rng['python'])
     if 'cuda' in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng['cuda'])
-
-
-def upgrade_checkpoint(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
-    """The loop state of ``checkpoint`` in the current layout, or None if it has none.
-
-    Checkpoints of earlier versions kept the advantage processor's state under its
-    own key, :data:`LEGACY_ADVANTAGE_KEY`; it moves into the loop state's
-    ``'advantage'`` entry.
-    """
-    state = checkpoint.get(KEY)
-    legacy = checkpoint.get(LEGACY_ADVANTAGE_KEY)
-    if state is None and legacy is None:
-        return None
-    state = dict(state or {})
-    if 'advantage' not in state and legacy is not None:
-        state['advantage'] = legacy
-    return state
 
 
 @HOOKS.register_module()
@@ -70,7 +51,7 @@ class RLLoopStateHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not runner._resume:
             return
-        state = upgrade_checkpoint(checkpoint)
+        state = checkpoint.get(KEY)
         if state is None:
             print_log(f'checkpoint has no {KEY!r} entry: the RL loop continues with fresh '
                       'random state and processor state, so the run will not repeat an '

@@ -24,10 +24,36 @@ from .fileio import (CheckpointError, checkpoint_problem, remove_stale_temporari
 CONSOLE_NOISE = ('"FileClient" will be deprecated in future',
                  '"HardDiskBackend" is the alias of "LocalBackend"',
                  '`save_param_scheduler` is True but `self.param_schedulers` is None',
-                 '`resume_param_scheduler` is True but `self.param_schedulers` is None')
+                 '`resume_param_scheduler` is True but `self.param_schedulers` is None',
+                 # the RL loop draws prompts from a restarting iterator on purpose
+                 'Reach the end of the dataloader, it will be restarted')
+#: Third-party loggers' messages that say nothing to the user of an RL run, dropped:
+#: transformers 4.4x announces at the first ``generate`` a change of its return type
+#: that the rollout code does not depend on.
+THIRD_PARTY_NOISE = {'transformers.generation.utils': ('From v4.47 onwards, when a model cache',)}
 #: torch's warning at every load under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (twice per resume,
 #: xtuner's seed load and the runner's); the logged notice of compat.py says it once.
 WEIGHTS_ONLY_WARNING = 'Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected'
+
+
+class PrefixFilter(logging.Filter):
+    """Drops the records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party() -> None:
+    """Adds a :class:`PrefixFilter` for :data:`THIRD_PARTY_NOISE` to each of its loggers
+    (once per process)."""
+    for name, prefixes in THIRD_PARTY_NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, PrefixFilter) for f in logger.filters):
+            logger.addFilter(PrefixFilter(prefixes))
 
 
 class ConsoleFilter(logging.Filter):
@@ -103,7 +129,8 @@ class RLRunner(Runner):
 
     - A quiet start: what mmengine logs while the runner is built (environment,
       config, hooks) goes to the log file only, and the console says where it is;
-      ``log_level='DEBUG'`` prints it as mmengine does. See :class:`ConsoleFilter`.
+      ``log_level='DEBUG'`` prints it as mmengine does. See :class:`ConsoleFilter`;
+      third-party notices that say nothing about the run: :data:`THIRD_PARTY_NOISE`.
     - Checkpoint files: temporary files of saves that were killed before they
       finished (:class:`~.fileio.AtomicLocalBackend`) are removed from the work
       directory at start and from the directory of a resumed checkpoint, with a
@@ -135,6 +162,7 @@ class RLRunner(Runner):
         logger = super().build_logger(log_level=log_level, log_file=log_file, **kwargs)
         level = logging.getLevelName(log_level) if isinstance(log_level, str) else log_level
         self._console_filter = ConsoleFilter(quiet=level > logging.DEBUG)
+        quiet_third_party()
         for handler in logger.handlers:
             if (isinstance(handler, logging.StreamHandler)
                     and not isinstance(handler, logging.FileHandler)):

@@ -1,7 +1,7 @@
 """Policies: the mmengine RL policy.
 
 The tiny character-level CPU model of the demo and its warm start
-(:mod:`gepo_xtuner.model.tiny`, :mod:`gepo_xtuner.model.tiny_vl`) are fixtures, not
+(:mod:`gepo_xtuner.testbed.tiny`, :mod:`gepo_xtuner.testbed.tiny_vl`) are fixtures, not
 part of the library; ``import gepo_xtuner`` does not import them.
 """
 

@@ -87,9 +87,6 @@ Level = Literal['unsafe', 'unsafe_files', 'contained', 'isolated']
 #: What each level is made of, for reports and errors.
 MECHANISMS = {'isolated': 'bubblewrap', 'contained': 'Landlock',
               'unsafe_files': 'namespaces + audit hook', 'unsafe': 'audit hook'}
-# earlier names of the levels, for the error that says what they are called now
-_RENAMED = {'bwrap': 'isolated', 'landlock': 'contained', 'namespaces': 'unsafe_files',
-            'audit_hook': 'unsafe'}
 #: First of the user ids a root trainer's sandbox runs under (one per concurrent run,
 #: ``UID_SLOTS`` of them); override with ``GEPO_SANDBOX_UID_BASE``. No account needs to
 #: exist for them; pick a range no real user or container mapping on the machine uses.
@@ -366,9 +363,7 @@ def _why_no_drop(python: str) -> str | None:
 def _level_rank(level: str) -> int:
     level = level.replace('-', '_')
     if level not in LEVELS:
-        renamed = _RENAMED.get(level)
-        hint = f" (the level once called {level!r} is now {renamed!r})" if renamed else ''
-        raise ValueError(f'unknown containment level {level!r}{hint}; one of '
+        raise ValueError(f'unknown containment level {level!r}; one of '
                          f'{", ".join(LEVELS)}, weakest first')
     return LEVELS.index(level)
 

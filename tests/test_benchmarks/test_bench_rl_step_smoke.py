@@ -27,7 +27,7 @@ def test_bench_rl_step_prints_every_variant_and_the_ratios(tmp_path: Path) -> No
 
 
 def test_bench_rl_step_runs_a_given_model_and_times_the_rollout(tmp_path: Path) -> None:
-    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     tok = build_char_tokenizer()
     build_tiny_model(len(tok), seed=0).save_pretrained(tmp_path / 'model')
     tok.save_pretrained(tmp_path / 'model')

@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_vs_trl_own_loop_runs(tmp_path: Path) -> None:
-    from gepo_xtuner.data.synthetic_tasks import build_task_files
-    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.synthetic_tasks import build_task_files
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     tiny = tmp_path / 'tiny'
     tok = build_char_tokenizer()
     build_tiny_model(len(tok), seed=0).save_pretrained(tiny / 'model')

@@ -8,7 +8,7 @@ import pytest
 
 from gepo_xtuner.data import (DataFormatError, PromptDataset, encode_prompt, load_records,
                               validate_record)
-from gepo_xtuner.model.tiny import build_char_tokenizer
+from gepo_xtuner.testbed.tiny import build_char_tokenizer
 
 EXAMPLES = [  # one record per domain of docs/data.md
     {'id': 'm1', 'domain': 'math', 'data_source': 'aime2025', 'prompt': 'Find x.',

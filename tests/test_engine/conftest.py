@@ -25,8 +25,8 @@ FAST = [
 @pytest.fixture(scope='session')
 def tiny_dir(tmp_path_factory) -> Path:
     """A randomly initialised tiny policy plus small train/val files (no warm start)."""
-    from gepo_xtuner.data.synthetic_tasks import build_task_files
-    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.synthetic_tasks import build_task_files
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     out = tmp_path_factory.mktemp('tiny')
     tok = build_char_tokenizer()
     model = build_tiny_model(len(tok), seed=0)

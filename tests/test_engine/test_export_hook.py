@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gepo_xtuner.model.checkpoint import load_for_inference
-from gepo_xtuner.model.tiny import format_prompt
+from gepo_xtuner.testbed.tiny import format_prompt
 
 from .conftest import ROOT, train, write_config
 

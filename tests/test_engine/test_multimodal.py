@@ -1,6 +1,6 @@
 """Multimodal RL: records with images through the processor, rollout, minibatches and training.
 
-Everything runs on a tiny randomly initialised Qwen2-VL (``gepo_xtuner.model.tiny_vl``)
+Everything runs on a tiny randomly initialised Qwen2-VL (``gepo_xtuner.testbed.tiny_vl``)
 with real PNG pictures: image placeholders expand inside the prompt, pixel patches
 differ in number between pictures, and positions are Qwen2-VL's M-RoPE.
 """
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from gepo_xtuner.engine.batching import ResponseBatch, build_response_batch, cut_at_tokens
 from gepo_xtuner.engine.requests import encode_request, prompt_token_ids
 from gepo_xtuner.model.policy import RLPolicy
-from gepo_xtuner.model.tiny_vl import (
+from gepo_xtuner.testbed.tiny_vl import (
     IMAGE_PAD,
     VISION_END,
     VISION_START,

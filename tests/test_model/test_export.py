@@ -19,8 +19,8 @@ from transformers import (AutoModelForCausalLM, AutoProcessor, AutoTokenizer,
                           Qwen2VLForConditionalGeneration)
 
 from gepo_xtuner.model.checkpoint import load_for_inference
-from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model, format_prompt
-from gepo_xtuner.model.tiny_vl import build_vl_tokenizer, build_tiny_vl_model, draw_squares, \
+from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model, format_prompt
+from gepo_xtuner.testbed.tiny_vl import build_vl_tokenizer, build_tiny_vl_model, draw_squares, \
     save_tiny_vl
 
 ROOT = Path(__file__).resolve().parents[2]

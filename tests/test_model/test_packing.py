@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from gepo_xtuner.model.packing import pack_rows
 from gepo_xtuner.model.policy import RLPolicy
-from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
 
 LOSS = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
 
@@ -166,7 +166,7 @@ def test_a_response_without_prompt_cannot_be_packed():
 
 
 def test_qwen2_vl_falls_back_to_the_padded_path_or_packs_exactly(tmp_path):
-    from gepo_xtuner.model.tiny_vl import save_tiny_vl
+    from gepo_xtuner.testbed.tiny_vl import save_tiny_vl
     try:
         save_tiny_vl(tmp_path)
     except TypeError as exc:  # newer transformers' Qwen2VLProcessor wants a video processor

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gepo_xtuner.model.policy import RLPolicy
-from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
 
 LOSS = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
 

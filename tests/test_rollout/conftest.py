@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ added to ``MAKERS`` or this test fails.
 
 import pytest
 
-from gepo_xtuner.model.tiny import EOS_ID
+from gepo_xtuner.testbed.tiny import EOS_ID
 from gepo_xtuner.registry import ROLLOUT_BACKENDS
 from gepo_xtuner.rollout import RolloutBackend, RolloutRequest, SamplingParams
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gepo_xtuner.model.tiny import EOS_ID, build_char_tokenizer, build_tiny_model
+from gepo_xtuner.testbed.tiny import EOS_ID, build_char_tokenizer, build_tiny_model
 from gepo_xtuner.rollout import RolloutRequest, SamplingParams
 from gepo_xtuner.rollout.hf import HFRolloutBackend
 

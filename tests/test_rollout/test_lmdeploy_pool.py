@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from gepo_xtuner.model.tiny import EOS_ID
+from gepo_xtuner.testbed.tiny import EOS_ID
 from gepo_xtuner.rollout import (
     HFRolloutBackend,
     LMDeployRolloutBackend,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import torch
 
-from gepo_xtuner.model.tiny import EOS_ID
+from gepo_xtuner.testbed.tiny import EOS_ID
 from gepo_xtuner.rollout import (
     HFRolloutBackend,
     LMDeployRolloutBackend,

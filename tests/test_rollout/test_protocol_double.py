@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from gepo_xtuner.model.tiny import EOS_ID
+from gepo_xtuner.testbed.tiny import EOS_ID
 
 from .protocol_double import LMDeployProtocolDouble
 

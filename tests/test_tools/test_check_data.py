@@ -187,7 +187,7 @@ def test_images_that_do_not_decode_are_refused_with_record_and_file(data):
 def models(tmp_path_factory) -> dict[str, Path]:
     """A text tokenizer without a chat template and a Qwen2-VL processor, as saved by
     transformers (max_pixels 84 x 84, the tiny test model's)."""
-    from gepo_xtuner.model.tiny_vl import build_vl_processor, build_vl_tokenizer
+    from gepo_xtuner.testbed.tiny_vl import build_vl_processor, build_vl_tokenizer
     out = tmp_path_factory.mktemp('models')
     tokenizer = build_vl_tokenizer()
     tokenizer.chat_template = None

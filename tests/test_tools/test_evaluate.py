@@ -18,8 +18,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from gepo_xtuner.data.synthetic_tasks import generate_split
-from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model, greedy_answers
+from gepo_xtuner.testbed.synthetic_tasks import generate_split
+from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model, greedy_answers
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'evaluate.py'
@@ -195,7 +195,7 @@ def test_lmdeploy_backend_against_the_protocol_double(setup, full_run, tmp_path)
 
 def test_vision_language_model_on_image_records(tmp_path):
     """A tiny random Qwen2-VL on picture questions (chat turns with an image part)."""
-    from gepo_xtuner.model.tiny_vl import build_picture_tasks, save_tiny_vl
+    from gepo_xtuner.testbed.tiny_vl import build_picture_tasks, save_tiny_vl
     model = save_tiny_vl(tmp_path / 'vl', seed=0)
     data = build_picture_tasks(tmp_path / 'data', n=4, name='pictures')
     out = tmp_path / 'out'

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gepo_xtuner.analysis.experiments import load_history, summarize_run
+from gepo_xtuner.testbed.experiments import load_history, summarize_run
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'run_experiments.py'
@@ -22,8 +22,8 @@ SMALL = ['train_dataloader.batch_size=4', 'train_cfg.num_responses=4',
 @pytest.fixture(scope='module')
 def tiny(tmp_path_factory) -> Path:
     """A randomly initialised tiny policy and small task files (no warm start)."""
-    from gepo_xtuner.data.synthetic_tasks import build_task_files
-    from gepo_xtuner.model.tiny import build_char_tokenizer, build_tiny_model
+    from gepo_xtuner.testbed.synthetic_tasks import build_task_files
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     out = tmp_path_factory.mktemp('tiny')
     tok = build_char_tokenizer()
     build_tiny_model(len(tok), seed=0).save_pretrained(out / 'model')

@@ -21,6 +21,7 @@ band update of :class:`~gepo_xtuner.advantage.EntropyThresholdState` per step);
 
 from __future__ import annotations
 
+import inspect
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -40,6 +41,11 @@ __all__ = ['StepAdvantageEstimator', 'GEPOEstimator', 'GEPOAdvantageConfig',
 
 # v1 marks tokens that carry no loss with this label (prompt, tool output).
 IGNORE_LABEL = -100
+#: GEPO's defaults (the paper's values), read from GEPOAdvantage, where they are written.
+DEFAULTS: dict[str, float] = {name: p.default for name, p in
+                              inspect.signature(GEPOAdvantage).parameters.items()
+                              if name in ('alpha_low', 'alpha_high', 'beta_low', 'beta_high',
+                                          'gamma', 'eps')}
 
 
 class StepAdvantageEstimator(AdvantageEstimator):
@@ -137,14 +143,16 @@ class GEPOEstimator(StepAdvantageEstimator):
 
     Args:
         alpha_low, alpha_high, beta_low, beta_high, gamma, eps: as
-            :class:`~gepo_xtuner.advantage.GEPOAdvantage` (paper: 0.5, 0.2, 0.2, 0.3,
-            0.01; eps 1e-8).
+            :class:`~gepo_xtuner.advantage.GEPOAdvantage`, whose defaults (the paper's
+            values) they take.
     """
 
     state_filename = 'gepo_threshold_state.json'
 
-    def __init__(self, alpha_low: float = 0.5, alpha_high: float = 0.2, beta_low: float = 0.2,
-                 beta_high: float = 0.3, gamma: float = 0.01, eps: float = 1e-8) -> None:
+    def __init__(self, alpha_low: float = DEFAULTS['alpha_low'],
+                 alpha_high: float = DEFAULTS['alpha_high'],
+                 beta_low: float = DEFAULTS['beta_low'], beta_high: float = DEFAULTS['beta_high'],
+                 gamma: float = DEFAULTS['gamma'], eps: float = DEFAULTS['eps']) -> None:
         self.processor = GEPOAdvantage(alpha_low=alpha_low, alpha_high=alpha_high,
                                        beta_low=beta_low, beta_high=beta_high, gamma=gamma,
                                        eps=eps)
@@ -271,23 +279,25 @@ class GEPOAdvantageConfig(BaseAdvantageConfig):
     :class:`~gepo_xtuner.integrations.xtuner_v1.GEPORLColocateTrainerConfig` or
     :class:`~gepo_xtuner.integrations.xtuner_v1.GEPORLDisaggregatedTrainerConfig`.
 
+    Every default is :class:`~gepo_xtuner.advantage.GEPOAdvantage`'s (the paper's value).
+
     Attributes:
         alpha_low (float): scale of positive advantages in groups below the band, in
-            [0, 1]. Default 0.5; 1 is the paper's "w/o low entropy control" ablation.
+            [0, 1]; 1 is the paper's "w/o low entropy control" ablation.
         alpha_high (float): scale of negative advantages in groups above the band, in
-            [0, 1]. Default 0.2; 1 is "w/o high entropy control".
-        beta_low (float): lower band margin in batch stds, >= 0. Default 0.2.
-        beta_high (float): upper band margin in batch stds, >= 0. Default 0.3.
-        gamma (float): EMA rate of the band per step, in (0, 1]. Default 0.01.
-        eps (float): GRPO's std guard, > 0. Default 1e-8.
+            [0, 1]; 1 is "w/o high entropy control".
+        beta_low (float): lower band margin in batch stds, >= 0.
+        beta_high (float): upper band margin in batch stds, >= 0.
+        gamma (float): EMA rate of the band per step, in (0, 1].
+        eps (float): GRPO's std guard, > 0.
     """
 
-    alpha_low: Annotated[float, _param('Scale of positive advantages of low-entropy groups.')] = 0.5
-    alpha_high: Annotated[float, _param('Scale of negative advantages of high-entropy groups.')] = 0.2
-    beta_low: Annotated[float, _param('Lower entropy band margin, in batch stds.')] = 0.2
-    beta_high: Annotated[float, _param('Upper entropy band margin, in batch stds.')] = 0.3
-    gamma: Annotated[float, _param('EMA rate of the entropy band per step.')] = 0.01
-    eps: Annotated[float, _param('Small constant for numerical stability.')] = 1e-8
+    alpha_low: Annotated[float, _param('Scale of A > 0 in low-entropy groups.')] = DEFAULTS['alpha_low']
+    alpha_high: Annotated[float, _param('Scale of A < 0 in high-entropy groups.')] = DEFAULTS['alpha_high']
+    beta_low: Annotated[float, _param('Lower band margin, in stds.')] = DEFAULTS['beta_low']
+    beta_high: Annotated[float, _param('Upper band margin, in stds.')] = DEFAULTS['beta_high']
+    gamma: Annotated[float, _param('EMA rate of the band.')] = DEFAULTS['gamma']
+    eps: Annotated[float, _param('GRPO std guard.')] = DEFAULTS['eps']
 
     @model_validator(mode='after')
     def _check_ranges(self) -> 'GEPOAdvantageConfig':

@@ -328,7 +328,7 @@ def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, A
     """
     import torch
 
-    from .data.prompts import encode_prompt
+    from ..data.prompts import encode_prompt
 
     ids = [encode_prompt(tokenizer, r, template) for r in records]
     rows = [p for p in ids for _ in range(k)]
@@ -745,7 +745,7 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     """
     from mmengine.config import Config
 
-    from .reward import RewardRouter
+    from ..reward import RewardRouter
 
     out_dir = Path(out_dir)
     loop = cfg.get('train_cfg') or {}

@@ -1,4 +1,4 @@
-"""Smoke mode of ``tools/check_config.py`` and its parts in :mod:`gepo_xtuner.smoke`.
+"""Smoke mode of ``tools/check_config.py`` and its parts in :mod:`gepo_xtuner.testbed.smoke`.
 
 Unit tests: batch scaling keeps the config's structure, the generated records follow the
 record schema, cover the config's reward domains and give the tiny random policy mixed
@@ -18,7 +18,7 @@ import pytest
 from mmengine.config import Config
 
 import gepo_xtuner  # noqa: F401  (registers the types the configs name)
-from gepo_xtuner import smoke
+from gepo_xtuner.testbed import smoke
 from gepo_xtuner.data.records import validate_record
 from gepo_xtuner.engine.loop import RLTrainLoop
 from gepo_xtuner.reward import RewardRouter

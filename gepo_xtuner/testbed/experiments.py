@@ -38,7 +38,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..data.synthetic_tasks import DOMAINS  # noqa: E402
+from .synthetic_tasks import DOMAINS  # noqa: E402
 
 #: Display names of the methods the harness knows, in table order.
 METHOD_LABELS: dict[str, str] = {

@@ -1,7 +1,7 @@
 """A synthetic multi-domain task mix with exactly verifiable answers.
 
 Four domains whose difficulty and sampling entropy differ clearly for the tiny
-character-level model after its default warm start (``gepo_xtuner.model.tiny``):
+character-level model after its default warm start (``gepo_xtuner.testbed.tiny``):
 
 ========  =====================  ===================  ================================
 domain    prompt                 answer               difficulty
@@ -13,7 +13,7 @@ domain    prompt                 answer               difficulty
 ========  =====================  ===================  ================================
 
 Every record is ``{"id", "domain", "prompt", "answer"}``. The model sees the prompt
-(formatted by :func:`gepo_xtuner.model.tiny.format_prompt`) and must produce the
+(formatted by :func:`gepo_xtuner.testbed.tiny.format_prompt`) and must produce the
 answer; :func:`score` is the verifiable reward.
 """
 

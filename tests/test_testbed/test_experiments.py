@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gepo_xtuner.analysis.experiments import (compare, mean_std, plot_figures, results_markdown,
+from gepo_xtuner.testbed.experiments import (compare, mean_std, plot_figures, results_markdown,
                                               summarize_run)
 
 

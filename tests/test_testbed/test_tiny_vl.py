@@ -8,7 +8,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from gepo_xtuner.data import load_records
-from gepo_xtuner.model.tiny_vl import (
+from gepo_xtuner.testbed.tiny_vl import (
     COLOURS,
     IMAGE_PAD,
     VL_ALPHABET,

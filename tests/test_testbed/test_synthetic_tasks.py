@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from gepo_xtuner.data import synthetic_tasks
-from gepo_xtuner.data.synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, TASK_CHARS,
+from gepo_xtuner.testbed import synthetic_tasks
+from gepo_xtuner.testbed.synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, TASK_CHARS,
                                               build_task_files, generate_split, make_record,
                                               read_jsonl, score, split_of, write_jsonl)
 
@@ -104,7 +104,7 @@ def test_doctests():
 
 
 def test_demonstration_noise_reverses_a_share_per_domain_deterministically():
-    from gepo_xtuner.data.synthetic_tasks import with_demonstration_noise
+    from gepo_xtuner.testbed.synthetic_tasks import with_demonstration_noise
     clean = generate_split('sft', 2000, 0)
     noisy = with_demonstration_noise(clean, {'add': 0.3, 'copy': 0.0}, seed=0)
     assert noisy == with_demonstration_noise(clean, {'add': 0.3, 'copy': 0.0}, seed=0)

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from ..data.synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, generate_split, score,
+from .synthetic_tasks import (DOMAINS, MAX_ANSWER_CHARS, generate_split, score,
                                     with_demonstration_noise, write_jsonl)
 
 SPECIAL_TOKENS: tuple[str, ...] = ('<pad>', '<bos>', '<eos>', '<unk>')
@@ -239,7 +239,7 @@ def warm_start(out_dir: str | os.PathLike, *, seed: int = 0, steps: int = 800,
             warm start never saw).
         n_val_per_domain: val records per domain (for the reported accuracy).
         noise: domain -> share of its warm-start answers replaced by a systematic mistake
-            (:func:`~gepo_xtuner.data.synthetic_tasks.with_demonstration_noise`);
+            (:func:`~gepo_xtuner.testbed.synthetic_tasks.with_demonstration_noise`);
             ``sft.jsonl`` holds the noisy answers, train and val stay clean. None: clean.
         force: retrain even if a cached model with these parameters exists.
         progress: called with one line per stage and about every tenth of the steps

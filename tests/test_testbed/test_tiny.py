@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from gepo_xtuner.data import synthetic_tasks
-from gepo_xtuner.data.synthetic_tasks import DOMAINS, TASK_CHARS, generate_split, read_jsonl
-from gepo_xtuner.model import tiny
-from gepo_xtuner.model.tiny import (ALPHABET, answer_loss, build_char_tokenizer, build_sft_batch,
+from gepo_xtuner.testbed import synthetic_tasks
+from gepo_xtuner.testbed.synthetic_tasks import DOMAINS, TASK_CHARS, generate_split, read_jsonl
+from gepo_xtuner.testbed import tiny
+from gepo_xtuner.testbed.tiny import (ALPHABET, answer_loss, build_char_tokenizer, build_sft_batch,
                                     build_tiny_model, format_prompt, greedy_accuracy,
                                     greedy_answers, load_tiny, read_warm_start_report, warm_start)
 
