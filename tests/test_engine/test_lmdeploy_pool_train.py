@@ -3,7 +3,7 @@ LMDeploy: its engines need a GPU), weights pushed over the NCCL protocol with gl
 
 import sys
 
-from gepo_xtuner.rollout.lmdeploy_server import LMDeployServerProcess
+from gepo_xtuner.rollout.lmdeploy.server import LMDeployServerProcess
 
 from .conftest import ROOT, scalars, train, write_config
 

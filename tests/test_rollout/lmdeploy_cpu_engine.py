@@ -41,7 +41,7 @@ from lmdeploy.serve.core import AsyncEngine
 from lmdeploy.serve.openai import api_server
 from transformers import AutoModelForCausalLM
 
-from gepo_xtuner.rollout.lmdeploy_server import free_port
+from gepo_xtuner.rollout.lmdeploy.server import free_port
 
 
 class CPUEngine:

@@ -22,8 +22,8 @@ from gepo_xtuner.rollout import (
     RolloutRequest,
     SamplingParams,
 )
-from gepo_xtuner.rollout.lmdeploy import read_address_file
-from gepo_xtuner.rollout.lmdeploy_server import LMDeployServerProcess
+from gepo_xtuner.rollout.lmdeploy.backend import read_address_file
+from gepo_xtuner.rollout.lmdeploy.server import LMDeployServerProcess
 
 from .conftest import ROOT, load_policy
 from .protocol_double import LMDeployProtocolDouble
@@ -136,7 +136,7 @@ def test_no_ready_server_at_start_names_every_one(doubles):
 def test_a_server_killed_mid_step_loses_nothing(tiny_model_dir, tmp_path, reference,
                                                 monkeypatch):
     """SIGKILL to one of three server processes while it holds a request."""
-    from gepo_xtuner.rollout import lmdeploy
+    from gepo_xtuner.rollout.lmdeploy import backend as lmdeploy
     servers = [_process(tiny_model_dir, tmp_path, f's{i}', delay_s=0.3) for i in range(3)]
     backend = LMDeployRolloutBackend(server_url=[s.url for s in servers], max_concurrency=2,
                                      max_retries=1, backoff_s=0.05, timeout_s=30)

@@ -14,14 +14,14 @@ from lmdeploy.serve.openai.protocol import (
 from PIL import Image
 
 from gepo_xtuner.rollout import LMDeployRolloutBackend, RolloutRequest, SamplingParams
-from gepo_xtuner.rollout.lmdeploy_protocol import (
+from gepo_xtuner.rollout.lmdeploy.protocol import (
     LMDeployProtocolError,
     build_generate_payload,
     encode_image,
     parse_generate_response,
 )
-from gepo_xtuner.rollout.lmdeploy_server import LMDeployServerProcess
-from gepo_xtuner.rollout.lmdeploy_weights import (
+from gepo_xtuner.rollout.lmdeploy.server import LMDeployServerProcess
+from gepo_xtuner.rollout.lmdeploy.weights import (
     buckets,
     check_weight_sync,
     serialize_ipc,

@@ -24,7 +24,7 @@ from gepo_xtuner.rollout import (
     RolloutRequest,
     SamplingParams,
 )
-from gepo_xtuner.rollout.http_pool import HTTPPool, ServerRequestError
+from gepo_xtuner.rollout.server.http import HTTPPool, ServerRequestError
 
 from tests.test_engine.conftest import tiny_dir  # noqa: F401 (a fixture)
 

@@ -1,6 +1,6 @@
 """Requests spread over several inference servers, with failover and rejoin.
 
-A :class:`ServerPool` holds one :class:`~gepo_xtuner.rollout.http_pool.HTTPPool` per
+A :class:`ServerPool` holds one :class:`~gepo_xtuner.rollout.server.http.HTTPPool` per
 server and sends each item of :meth:`ServerPool.map` to the ready server with the
 fewest requests outstanding (at most ``max_concurrency`` each), so no server waits
 while another has a queue. A server whose request fails for good (connection lost,
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from mmengine.logging import print_log
 
-from .http_pool import HTTPPool, ServerRequestError
+from .http import HTTPPool, ServerRequestError
 
 T = TypeVar('T')
 _NEW = 'not checked yet'  # the reason of a server added and not yet probed or synced
@@ -109,7 +109,7 @@ class ServerPool:
         urls: the servers' base addresses.
         max_concurrency: requests in flight per server at most.
         timeout_s, max_retries, backoff_s, headers: per server, as
-            :class:`~gepo_xtuner.rollout.http_pool.HTTPPool` (retries stay on the
+            :class:`~gepo_xtuner.rollout.server.http.HTTPPool` (retries stay on the
             same server; the pool fails over only once they are spent).
         retry_after_s: how long an out server stays out before it is probed again.
         track_weights: servers must hold the trainer's weights (see module doc).

@@ -35,7 +35,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import RolloutRequest, RolloutSample, SamplingParams
+from ..base import RolloutRequest, RolloutSample, SamplingParams
 
 # Fields the backend relies on; a request's ``extra`` may not change them.
 RESERVED_FIELDS: frozenset[str] = frozenset(

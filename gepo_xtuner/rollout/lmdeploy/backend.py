@@ -11,10 +11,10 @@ import torch.distributed as dist
 from mmengine.logging import print_log
 from torch import nn
 
-from ..registry import ROLLOUT_BACKENDS
-from .base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
-from .http_pool import HTTPPool, ServerRequestError
-from .lmdeploy_protocol import (
+from ...registry import ROLLOUT_BACKENDS
+from ..base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
+from ..server.http import HTTPPool, ServerRequestError
+from .protocol import (
     LMDeployProtocolError,
     build_generate_payload,
     error_message,
@@ -23,9 +23,9 @@ from .lmdeploy_protocol import (
     hint_for,
     parse_generate_response,
 )
-from .lmdeploy_server import LAUNCH_KEYS, LMDeployServerProcess
-from .lmdeploy_weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
-from .server_pool import ASLEEP, NoServerError, Server, ServerPool, is_asleep, is_ready
+from .server import LAUNCH_KEYS, LMDeployServerProcess
+from .weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
+from ..server.pool import ASLEEP, NoServerError, Server, ServerPool, is_asleep, is_ready
 
 START_HINT = ('lmdeploy serve api_server MODEL --server-port 23333 --backend pytorch '
               '--logprobs-mode raw_logprobs')
@@ -60,7 +60,7 @@ class LMDeployRolloutBackend(RolloutBackend):
     it held go once more to the others (each request yields exactly one result); it is
     probed again every ``retry_after_s`` and, once healthy, rejoins at the next weight
     sync (at once when weights never change). See
-    :class:`~gepo_xtuner.rollout.server_pool.ServerPool`. The servers must run the
+    :class:`~gepo_xtuner.rollout.server.pool.ServerPool`. The servers must run the
     PyTorch engine with ``--logprobs-mode raw_logprobs`` (log-softmax of the raw
     logits, what the training loss compares against). See ``docs/lmdeploy.md`` and
     ``docs/cluster.md``.
@@ -77,7 +77,7 @@ class LMDeployRolloutBackend(RolloutBackend):
             reads them at :meth:`attach` and again at each :meth:`update_weights`,
             so servers started later join the pool.
         launch: start one server as a subprocess instead; keys of
-            :class:`~gepo_xtuner.rollout.lmdeploy_server.LMDeployServerProcess`:
+            :class:`~gepo_xtuner.rollout.lmdeploy.server.LMDeployServerProcess`:
             ``model_path`` (required), ``host`` ('127.0.0.1'), ``port`` (23333; 0 = any
             free port, single process only), ``backend`` ('pytorch'), ``tp`` (1),
             ``python`` ('python', an interpreter with LMDeploy), ``extra_args``
@@ -216,7 +216,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         """Keeps the tokenizer (saved with disk weight sync) and reaches the servers.
 
         The EOS ids of ``tokenizer`` and of ``model.generation_config`` are ones
-        LMDeploy stops at by itself; see :func:`~gepo_xtuner.rollout.lmdeploy_protocol.
+        LMDeploy stops at by itself; see :func:`~gepo_xtuner.rollout.lmdeploy.protocol.
         build_generate_payload` for why that matters to the chat template's stop words.
         """
         self.tokenizer = tokenizer
@@ -341,7 +341,7 @@ class LMDeployRolloutBackend(RolloutBackend):
 
     def pop_metrics(self) -> dict[str, float]:
         """Per-server figures since the last call (``rollout/server/<i>/...``, see
-        :meth:`~gepo_xtuner.rollout.server_pool.ServerPool.pop_metrics`)."""
+        :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`)."""
         return {} if self._pool is None else self._pool.pop_metrics()
 
     # ---------------------------------------------------------------- generation

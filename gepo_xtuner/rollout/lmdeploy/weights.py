@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .http_pool import HTTPPool, ServerRequestError
+from ..server.http import HTTPPool, ServerRequestError
 
 MODES: dict[str, frozenset[str]] = {
     'none': frozenset(),
@@ -208,7 +208,7 @@ class NCCLWeightSync:
         if self.group is not None:
             return
         if self.master_port is None:
-            from .lmdeploy_server import free_port
+            from .server import free_port
             self.master_port = free_port(self.master_address)
         world_size = self.server_tp + 1
         body = {'master_address': self.master_address, 'master_port': int(self.master_port),
