@@ -24,7 +24,8 @@ from .geometry import StepGeometry, check_group_size
 from .batching import (KEPT_ROWS, ResponseBatch, build_response_batch, cut_at_tokens,
                        kept_minibatches, micro_batches, minibatches)
 from .loop_state_hook import RLLoopStateHook
-from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
+from .optim_step import (check_accumulation, optimizer_step, prime_gradient_buckets,
+                         reduces_every_backward)
 from .requests import encode_request
 from .run_state import (capture_rng, describe_changes, gather_rank_states, rank_entry,
                         restore_rng, run_settings, seed_streams)
@@ -193,6 +194,7 @@ class RLTrainLoop(BaseLoop):
                                      advantage=advantage, kept_rows=kept_rows)
         self._rank_states: list[dict[str, Any]] | None = None  # every rank's, after a step
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
+        self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
@@ -239,6 +241,7 @@ class RLTrainLoop(BaseLoop):
             next(self.dataloader_iterator)
         if self._iter:  # resumed: servers still hold the weights they started with
             self.rollout.update_weights(policy.llm)
+            self._prime_buckets = True  # DDP: the bucket layout of the uninterrupted run
         if self._resume is not None:  # ... then continue this rank's saved random streams
             self._restore_rank_state(self._resume)
             self._resume = None
@@ -485,6 +488,12 @@ class RLTrainLoop(BaseLoop):
         else:
             def plan() -> list[torch.Tensor]:
                 return minibatches(rows, math.ceil(len(batch) / self.minibatch_size))
+        if self._prime_buckets:
+            self._prime_buckets = False
+            empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages,
+                                torch.ones(3, dtype=torch.float64), self.sampling)
+            empty['response_mask'] = torch.zeros_like(empty['response_mask'])
+            prime_gradient_buckets(self.runner.model, self.runner.optim_wrapper, empty)
         stats = MicroBatchStats()
         lockstep = reduces_every_backward(self.runner.optim_wrapper)
         grad_norms: list[float] = []
