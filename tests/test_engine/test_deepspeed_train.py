@@ -5,7 +5,6 @@ DeepSpeed's CPU accelerator), compared with the same run under DDP: the loop's e
 optimizer step must give the same parameters whichever engine holds them.
 """
 
-import os
 import shutil
 import subprocess
 import sys
