@@ -50,7 +50,11 @@ def build_processor(name: str, options: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n')[0],
+        epilog="GEPO's entropy band starts at the first step's own statistics (H(0) = "
+        'Hhat(0)) and moves by gamma per step: with gamma=0.01 the first step anchors the '
+        'thresholds for about 100 steps (its weight at step t is (1-gamma)^(t-1)).')
     parser.add_argument('rollouts', help='JSONL file, one response per line')
     parser.add_argument('--out', required=True, help='output directory')
     parser.add_argument('--advantage', default='GEPOAdvantage',
@@ -74,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
           f'{len(domains)} domains, processor {processor!r}')
     header = f'{"domain":<24}{"groups":>7}{"H_g mean":>10}{"acc":>7}{"skew":>8}' \
              f'{"skew out":>9}{"low%":>7}{"high%":>7}'
+    note = processor.start_note(processor.init_state())
+    if note:
+        print(note)
     print(header)
     fmt = lambda v, w, p: f'{"-":>{w}}' if v is None else f'{v:>{w}.{p}f}'  # noqa: E731
     for name, d in domains.items():

@@ -199,6 +199,11 @@ class AdvantageProcessor(abc.ABC):
         """A fresh state for this processor, or None if it keeps none."""
         return None
 
+    def start_note(self, state: Any) -> str | None:
+        """One line for the start of a run about how ``state`` begins (e.g. how an
+        adaptive threshold is initialised), or None when there is nothing to say."""
+        return None
+
     def __repr__(self) -> str:
         args = ', '.join(f'{k}={v!r}' for k, v in vars(self).items()
                          if k[0] != '_' and k != 'min_group_size')

@@ -94,6 +94,21 @@ class EntropyThresholdState:
         self.num_updates = int(state['num_updates'])
 
 
+def band_initialisation_note(gamma: float) -> str:
+    """What the band's initialisation ``H(0) = Hhat(0)`` means for a given ``gamma``.
+
+    The first batch's statistics weigh ``(1 - gamma)^(t-1)`` in the band used at step
+    ``t`` (``t >= 1``), so they anchor the thresholds for about ``1 / gamma`` steps.
+    """
+    half = 1 + math.log(0.5) / math.log1p(-gamma) if gamma < 1 else 1.0
+    anchor = (1 - gamma) ** 99
+    return (f'GEPO entropy band starts at the first batch\'s own statistics (H(0) = Hhat(0)): '
+            f'with gamma={gamma:g} that batch still weighs {anchor:.2f} in the thresholds at '
+            f'step 100 and half at step {half:.0f}, so an unrepresentative first batch '
+            'anchors the band for about 1/gamma steps (warm-start the policy, or resume from '
+            'a checkpoint that holds a band)')
+
+
 def global_group_entropy_stats(entropy: Tensor, valid: Tensor) -> tuple[float, float, int]:
     """Mean and population std of group entropies over all data-parallel ranks.
 
@@ -168,6 +183,13 @@ class GEPOAdvantage(AdvantageShaper):
 
     state_type = EntropyThresholdState
     measures = 'group entropy'
+
+    def start_note(self, state: EntropyThresholdState) -> str:
+        """How the band starts: from this run's first batch, or from a checkpoint."""
+        if state.num_updates:
+            return (f'GEPO entropy band continues from the checkpoint: {state.num_updates} '
+                    f'steps folded in, H = [{state.h_low:.4f}, {state.h_high:.4f}]')
+        return band_initialisation_note(self.gamma)
 
     def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
               state: EntropyThresholdState) -> Shaping:

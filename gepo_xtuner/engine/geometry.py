@@ -81,7 +81,9 @@ class StepGeometry:
 
     @property
     def optimizer_steps(self) -> int:
-        """Optimizer steps per RL step: ``ceil(B*K / minibatch_size) * ppo_epochs``."""
+        """Optimizer steps per RL step: ``ceil(B*K / minibatch_size) * ppo_epochs``; fewer
+        on steps where the advantage processor removes rows (AEPO's gate, see
+        ``train_cfg.kept_rows``)."""
         return math.ceil(self.responses_per_rank / self.minibatch_size) * self.ppo_epochs
 
     def warnings(self) -> list[str]:

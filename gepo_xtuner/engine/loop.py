@@ -15,17 +15,20 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
-from ..ops.distributed import all_reduce, dist_world_size
+from ..ops.distributed import all_reduce, dist_rank, dist_world_size
 from ..ops.multimodal import mm_to, placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .geometry import StepGeometry, check_group_size
-from .batching import (ResponseBatch, build_response_batch, cut_at_tokens, loss_inputs,
-                       micro_batches, minibatches)
-from .loop_state_hook import RLLoopStateHook, capture_rng, restore_rng
-from .optim_step import check_accumulation, optimizer_step, reduces_every_backward
+from .batching import (KEPT_ROWS, ResponseBatch, build_response_batch, cut_at_tokens,
+                       kept_minibatches, loss_inputs, micro_batches, minibatches)
+from .loop_state_hook import RLLoopStateHook
+from .optim_step import (check_accumulation, optimizer_step, prime_gradient_buckets,
+                         reduces_every_backward)
 from .requests import check_policy_inputs, encode_request
+from .run_state import (capture_rng, describe_changes, gather_rank_states, rank_entry,
+                        restore_rng, run_settings, seed_streams)
 from .validation import Validator
 
 
@@ -86,7 +89,14 @@ class RLTrainLoop(BaseLoop):
             :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
         minibatch_size: responses per optimizer step and rank (the paper's minibatch
             of 32 prompts x K=16 is 512 responses over all ranks). The number of
-            optimizer steps per pass is ``ceil(B*K / minibatch_size)``.
+            optimizer steps per pass is ``ceil(B*K / minibatch_size)``, or fewer on
+            steps where the advantage processor removed rows (``kept_rows``).
+        kept_rows: how the rows are trained when the advantage processor removed some
+            (AEPO while its gate is on): ``'full_minibatches'`` (default, as AEPO's
+            authors ran it on verl: the kept rows in minibatches of ``minibatch_size``,
+            so fewer optimizer steps of full size, see :func:`kept_minibatches`) or
+            ``'spread'`` (the step count of the full batch, kept rows spread over it:
+            more, smaller optimizer steps).
         max_tokens_per_micro_batch: token budget of one forward/backward: a
             minibatch is split into the fewest micro-batches whose padded block
             (``rows x (longest prompt + longest response)``) fits, balanced
@@ -117,8 +127,8 @@ class RLTrainLoop(BaseLoop):
                  max_tokens_per_micro_batch: int | None = None,
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
-                 prompts_per_step: int | None = None,
-                 minibatch_responses: int | None = None) -> None:
+                 prompts_per_step: int | None = None, minibatch_responses: int | None = None,
+                 kept_rows: str = 'full_minibatches') -> None:
         super().__init__(runner, dataloader)
         if max_steps < 1 or num_responses < 1 or minibatch_size < 1 or ppo_epochs < 1:
             raise ValueError('RLTrainLoop needs max_steps, num_responses, minibatch_size and '
@@ -129,7 +139,11 @@ class RLTrainLoop(BaseLoop):
                              logprob_max_tokens_per_micro_batch)):
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise ValueError(f'train_cfg.{name} must be an int >= 1 or None, got {value!r}')
+        if kept_rows not in KEPT_ROWS:
+            raise ValueError(f'train_cfg.kept_rows must be one of {list(KEPT_ROWS)}, got '
+                             f'{kept_rows!r}')
         check_accumulation(runner.optim_wrapper)
+        self.kept_rows = kept_rows
         self._max_iters = max_steps
         self._max_epochs = 1
         self._epoch = 0
@@ -165,7 +179,14 @@ class RLTrainLoop(BaseLoop):
         for vs in (self.validator.sets if self.validator else ()):
             self.rewards.check_records(vs.records, f'train_cfg.val {vs.name or "path"}')
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
-        self._resume_rng: dict[str, Any] | None = None  # set by load_state_dict
+        # what a checkpoint's steps mean; compared on --resume
+        self.settings = run_settings(num_responses=num_responses, prompts_per_rank=prompts,
+                                     minibatch_size=minibatch_size, ppo_epochs=ppo_epochs,
+                                     world_size=dist_world_size(), max_steps=max_steps,
+                                     advantage=advantage, kept_rows=kept_rows)
+        self._rank_states: list[dict[str, Any]] | None = None  # every rank's, after a step
+        self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
+        self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
@@ -182,7 +203,18 @@ class RLTrainLoop(BaseLoop):
         return model.module if is_model_wrapper(model) else model
 
     def run(self) -> torch.nn.Module:
-        """Runs the remaining RL steps (after ``--resume``, from the saved step)."""
+        """Runs the remaining RL steps (after ``--resume``, from the saved step).
+
+        Raises:
+            RuntimeError: resumed at or beyond ``max_steps``: nothing is left to train
+                (before any hook runs, so no output is written).
+        """
+        if self._iter >= self._max_iters:
+            raise RuntimeError(
+                f'nothing left to train: the checkpoint is at step {self._iter} and '
+                f'train_cfg.max_steps is {self._max_iters}; nothing was run and no output was '
+                'written. To train further, resume with a larger max_steps, e.g. '
+                f'--cfg-options train_cfg.max_steps={self._iter + 1}')
         self.runner.call_hook('before_train')
         policy = self.policy
         tokenizer = policy.tokenizer
@@ -195,13 +227,17 @@ class RLTrainLoop(BaseLoop):
         check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
         print_log(f'advantage: {self.advantage!r}; policy loss: {policy.policy_loss!r}',
                   logger='current')
+        note = self.advantage.start_note(self.advantage_state)
+        if note:
+            print_log(note, logger='current')
         for _ in range(self._iter):  # resume: skip the prompts already used
             next(self.dataloader_iterator)
         if self._iter:  # resumed: servers still hold the weights they started with
             self.rollout.update_weights(policy.llm)
-        if self._resume_rng is not None:  # ... then continue the saved random streams
-            restore_rng(self._resume_rng)
-            self._resume_rng = None
+            self._prime_buckets = True  # DDP: the bucket layout of the uninterrupted run
+        if self._resume is not None:  # ... then continue this rank's saved random streams
+            self._restore_rank_state(self._resume)
+            self._resume = None
         if self.validator is not None and self._iter == 0:  # the starting point
             with isolated_rng(self.runner.seed, 0):
                 metrics = self._validate()
@@ -241,36 +277,69 @@ class RLTrainLoop(BaseLoop):
         """Everything of the run that changes during training, as of the end of this step.
 
         Returns:
-            ``rng`` (torch/CUDA, NumPy, Python states: sampling, minibatch shuffles and
-            Clip-Cov's unseeded token choice draw from them), ``history`` (per-step
-            metrics, for the training-curve figure), ``advantage``
-            (``dict(processor=<class name>, state=...)``, stateful processors only),
-            ``policy_loss`` (e.g. Clip-Cov's seeded generators) and ``rollout`` (the
-            backend's counters). The data position needs no entry: on resume the
-            loop skips the prompts of the completed steps, which mmengine's samplers
-            replay deterministically.
+            ``ranks`` (one entry per data-parallel rank, in rank order, gathered at the
+            end of the step: ``rng``, the torch/CUDA, NumPy and Python states that
+            sampling, minibatch shuffles and Clip-Cov's unseeded token choice draw
+            from; ``policy_loss``, e.g. Clip-Cov's seeded generators; ``rollout``, the
+            backend's counters), ``history`` (per-step metrics, for the
+            training-curve figure), ``advantage`` (``dict(processor=<class name>,
+            state=...)``, stateful processors only; the same on every rank) and
+            ``settings`` (:func:`~gepo_xtuner.engine.run_state.run_settings`, compared
+            on resume). The data position needs no entry: on resume the loop skips
+            the prompts of the completed steps, which mmengine's samplers replay
+            deterministically.
         """
-        state: dict[str, Any] = dict(rng=capture_rng(), history=list(self.history),
-                                     policy_loss=self.policy.policy_loss.state_dict(),
-                                     rollout=self.rollout.state_dict())
+        ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
+        state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
+                                     settings=dict(self.settings))
         if self.advantage_state is not None:
             state['advantage'] = dict(processor=type(self.advantage).__name__,
                                       state=self.advantage_state.state_dict())
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from :meth:`state_dict`'s output (the RNG states apply once the used
-        prompts are skipped, at the start of :meth:`run`).
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's part of the run state (see :meth:`state_dict`)."""
+        return dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
+                    rollout=self.rollout.state_dict())
 
-        A missing entry, or processor state of another processor class, leaves that
-        part fresh and says so in the log.
+    def _restore_rank_state(self, resume: dict[str, Any]) -> None:
+        """Sets this rank's saved random streams (at the start of :meth:`run`, once the
+        used prompts are skipped), or seeds streams of its own when it has none."""
+        entry = resume['entry']
+        if entry is None:
+            seed_streams(self.runner.seed, dist_rank(), self._iter)
+        elif entry.get('rng') is not None:
+            restore_rng(entry['rng'])
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from :meth:`state_dict`'s output.
+
+        Rank ``r`` takes entry ``r`` of ``ranks`` (applied at the start of
+        :meth:`run`); a checkpoint of another world size is explained in the log
+        (:func:`~gepo_xtuner.engine.run_state.rank_entry`). Settings that differ from
+        the checkpoint's are listed with what the change means. Checkpoints of earlier
+        versions hold one ``rng`` entry (rank 0's): every rank restores it, with a
+        warning when there are several ranks. A missing entry, or processor state of
+        another processor class, leaves that part fresh and says so in the log.
         """
         self.history = list(state.get('history', []))
-        self._resume_rng = state.get('rng')
-        if 'policy_loss' in state:
-            self.policy.policy_loss.load_state_dict(state['policy_loss'])
-        if 'rollout' in state:
-            self.rollout.load_state_dict(state['rollout'])
+        if 'ranks' in state:
+            entry, warning = rank_entry(state['ranks'])
+        else:  # earlier versions: rank 0's streams only
+            entry = {k: state[k] for k in ('rng', 'policy_loss', 'rollout') if k in state}
+            warning = None if dist_world_size() == 1 else (
+                'the checkpoint holds the random state of rank 0 only (written by an earlier '
+                'version): every rank continues from it, so the run will not repeat an '
+                'uninterrupted one exactly')
+        self._resume = dict(entry=entry)
+        if entry is not None and 'policy_loss' in entry:
+            self.policy.policy_loss.load_state_dict(entry['policy_loss'])
+        if entry is not None and 'rollout' in entry:
+            self.rollout.load_state_dict(entry['rollout'])
+        for line in ([warning] if warning else []) + [
+                f'resumed with changed settings: {change}'
+                for change in describe_changes(state.get('settings', {}), self.settings)]:
+            print_log(line, logger='current', level=logging.WARNING)
         if self.advantage_state is None:
             return
         current = type(self.advantage).__name__
@@ -354,6 +423,8 @@ class RLTrainLoop(BaseLoop):
         metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
         self.history.append(dict(step=float(step), **metrics))
         self.step_metrics = metrics
+        # every rank's streams as of the end of this step, for a checkpoint saved now
+        self._rank_states = gather_rank_states(self._rank_state())
         self.runner.call_hook('after_train_iter', batch_idx=self._iter, data_batch=records,
                               outputs=metrics)
         self._iter += 1
@@ -404,8 +475,10 @@ class RLTrainLoop(BaseLoop):
         """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
 
         Rows an advantage processor did not keep (``keep`` False) are in no
-        minibatch and no denominator. Every rank takes the same number of steps
-        (``ceil(N / minibatch_size)`` per pass); a rank whose minibatch is empty
+        minibatch and no denominator. Every rank takes the same number of steps per
+        pass: ``ceil(N / minibatch_size)``, or, when rows were removed on any rank and
+        ``kept_rows='full_minibatches'``, that of :func:`kept_minibatches` (fewer
+        steps of full size; none when nothing is kept). A rank whose minibatch is empty
         still runs one zero-weighted micro-batch, so that the gradient all-reduce
         of data-parallel training meets on every rank (under DeepSpeed ZeRO, which
         reduces at every backward, as many as the rank with the most).
@@ -413,16 +486,31 @@ class RLTrainLoop(BaseLoop):
         world = dist_world_size()
         rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
         prompt_len, response_len = batch.lengths()
-        count = math.ceil(len(batch) / self.minibatch_size)
+        n_total, kept_total = (int(v) for v in all_reduce(
+            torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
+        if self.kept_rows == 'full_minibatches' and kept_total < n_total:
+            def plan() -> list[torch.Tensor]:
+                return kept_minibatches(rows, kept_total, self.minibatch_size, world)
+        else:
+            def plan() -> list[torch.Tensor]:
+                return minibatches(rows, math.ceil(len(batch) / self.minibatch_size))
+        if self._prime_buckets:
+            self._prime_buckets = False
+            empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages,
+                                torch.ones(3, dtype=torch.float64), self.sampling)
+            empty['response_mask'] = torch.zeros_like(empty['response_mask'])
+            prime_gradient_buckets(self.runner.model, self.runner.optim_wrapper, empty)
         stats = MicroBatchStats()
         lockstep = reduces_every_backward(self.runner.optim_wrapper)
         grad_norms: list[float] = []
         micro_counts: list[int] = []
+        minibatch_rows: list[float] = []
         for _ in range(self.ppo_epochs):
-            for minibatch in minibatches(rows, count):
+            for minibatch in plan():
                 mask = batch.response_mask[minibatch]
-                totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum())],
-                                                 dtype=torch.float64))
+                totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum()),
+                                                  float(len(minibatch))], dtype=torch.float64))
+                minibatch_rows.append(float(totals[2]))
                 micro = micro_batches(minibatch, prompt_len, response_len, self.max_tokens,
                                       getattr(self.policy, 'packs', False)
                                       and batch.mm_inputs is None)
@@ -449,6 +537,8 @@ class RLTrainLoop(BaseLoop):
         metrics['optim/steps'] = float(len(micro_counts))
         metrics['optim/micro_batches'] = sum(micro_counts) / max(len(micro_counts), 1)
         metrics['optim/rows_trained'] = float(len(rows))
+        # rows per optimizer step over all ranks (the global minibatch)
+        metrics['optim/minibatch_rows'] = sum(minibatch_rows) / max(len(minibatch_rows), 1)
         if grad_norms:
             metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
         return metrics

@@ -1,34 +1,13 @@
 """Checkpoints the RL loop's run state under one key; the loop registers this hook itself."""
 
-import random
 from typing import Any
 
-import numpy as np
-import torch
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
 #: The checkpoint key of :meth:`RLTrainLoop.state_dict`.
 KEY = 'gepo_xtuner/rl_loop'
-
-
-def capture_rng() -> dict[str, Any]:
-    """The torch (and CUDA), NumPy and Python RNG states of this process."""
-    rng: dict[str, Any] = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
-                               python=random.getstate())
-    if torch.cuda.is_available():
-        rng['cuda'] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def restore_rng(rng: dict[str, Any]) -> None:
-    """Sets the RNG states :func:`capture_rng` returned."""
-    torch.set_rng_state(rng['torch'])
-    np.random.set_state(rng['numpy'])
-    random.setstate(rng['python'])
-    if 'cuda' in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng['cuda'])
 
 
 @HOOKS.register_module()

@@ -22,7 +22,8 @@ import torch
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
-__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step', 'reduces_every_backward']
+__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step', 'prime_gradient_buckets',
+           'reduces_every_backward']
 
 
 def is_deepspeed(optim_wrapper: Any) -> bool:
@@ -125,3 +126,39 @@ def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Seq
     if getattr(optim_wrapper, 'clip_grad_kwargs', None) and 'train/grad_norm' in hub.log_scalars:
         return logs, float(hub.get_scalar('train/grad_norm').current())
     return logs, None
+
+
+def prime_gradient_buckets(model: torch.nn.Module, optim_wrapper: Any, inputs: dict) -> bool:
+    """After ``--resume``, gives DDP the gradient buckets the uninterrupted run has.
+
+    DDP reduces the first backward after it is built in one bucket of all parameters
+    (in reverse definition order) and then rebuilds its buckets in the order the
+    gradients became ready. The position of a gradient element in its bucket decides
+    the order in which a ring all-reduce adds the ranks' values, which with three or
+    more ranks changes the float sum in its last bits. A run resumed at step k would
+    reduce step k+1's first minibatch in the initial layout while the uninterrupted
+    run uses the rebuilt one. This runs ``inputs`` (a micro-batch whose loss is 0:
+    no valid token) forward and backward once, on its own random streams, and clears
+    the gradients: the buckets are rebuilt at the next forward, as after step 1 of
+    the uninterrupted run, and nothing else changes.
+
+    Args:
+        model: the DDP-wrapped policy (anything else: nothing is done).
+        optim_wrapper: the run's optimizer wrapper (its gradients are cleared).
+        inputs: ``RLPolicy`` loss-mode inputs of one micro-batch, all-zero response mask.
+
+    Returns:
+        Whether a pass ran (a collective: every rank must call it at the same point).
+    """
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return False
+    policy = model.module
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        optim_wrapper.zero_grad()
+        data = policy.data_preprocessor(dict(inputs=inputs), training=True)
+        with optim_wrapper.optim_context(model):
+            loss, _ = policy.parse_losses(model(**data, mode='loss'))
+        loss.backward()
+        optim_wrapper.zero_grad()
+    return True

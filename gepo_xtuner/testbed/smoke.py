@@ -732,7 +732,9 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
         steps: RL steps.
         world_size: training processes.
         max_new_tokens: response token limit.
-        n_train: training records per domain.
+        n_train: training records per domain, at least; raised to what ``steps`` full
+            batches of the scaled geometry on ``world_size`` ranks draw, so that no
+            step of the run trains on a partial batch (the end of an epoch).
         n_val: validation records per domain.
         seeds: weight seeds to try.
 
@@ -756,6 +758,10 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     family = choose_family(cfg.get('policy_model_type'))
     tok = build_smoke_tokenizer()
     k = int(loop.get('num_responses', 8))
+    per_rank = int(cfg['train_dataloader']['batch_size'])
+    minibatch = int(loop.get('minibatch_size', 32)) * world_size
+    prompts = scale_geometry(k, per_rank * world_size, minibatch, world_size, 1).prompts_per_step
+    n_train = max(n_train, math.ceil(prompts * steps / len(kinds)))
     sampling = dict(loop.get('sampling') or {})
     sample_args = dict(template=loop.get('prompt_template', '{prompt}'),
                        temperature=float(sampling.get('temperature', 1.0)),
@@ -794,9 +800,7 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
                                                  encoding='utf-8')
     prompt_tokens = max(len(tok(sample_args['template'].format(**r))['input_ids'])
                         for r in train)
-    per_rank = int(cfg['train_dataloader']['batch_size'])
-    geometry = scale_geometry(k, per_rank * world_size,
-                              int(loop.get('minibatch_size', 32)) * world_size, world_size,
+    geometry = scale_geometry(k, per_rank * world_size, minibatch, world_size,
                               prompt_tokens + max_new_tokens)
     from mmengine.registry import LOOPS
     interface = micro_batch_interface(LOOPS.get('RLTrainLoop'))

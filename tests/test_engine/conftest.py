@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -60,6 +62,34 @@ def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[s
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout[-4000:]}\n'
                              f'{proc.stderr[-6000:]}')
     return proc
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (tests may run beside other distributed jobs)."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def train_ranks(cfg: Path, work_dir: Path, tiny: Path, nproc: int, *options: str,
+                deps: Path | None = None, fast: bool = True, timeout: int = 900) -> str:
+    """``nproc`` gloo processes through ``xtuner train`` (torchrun); returns the output.
+
+    ``xtuner train`` exits 0 even when training fails: callers judge by what the run
+    left behind. ``deps``: a directory put first on PYTHONPATH (DeepSpeed's overlay).
+    """
+    bin_dir = Path(sys.executable).parent
+    xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
+    assert xtuner, 'the xtuner console script is not installed'
+    path = f'{deps}{os.pathsep}{ROOT}' if deps else str(ROOT)
+    env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path, NPROC_PER_NODE=str(nproc),
+               PORT=str(free_port()), OMP_NUM_THREADS='1', DS_ACCELERATOR='cpu',
+               PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
+    env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
+    proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work_dir),
+                           '--cfg-options', *(FAST if fast else []), *options],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    return proc.stdout + proc.stderr
 
 
 def scalars(work_dir: Path) -> dict[int, dict[str, float]]:

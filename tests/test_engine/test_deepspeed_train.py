@@ -5,7 +5,6 @@ DeepSpeed's CPU accelerator), compared with the same run under DDP: the loop's e
 optimizer step must give the same parameters whichever engine holds them.
 """
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import FAST, ROOT, scalars, write_config
-from .test_distributed_train import free_port
+from .conftest import ROOT, scalars, train_ranks, write_config
 
 DEEPSPEED_DEPS = ROOT / 'work_dirs' / 'deepspeed_deps'
 
@@ -35,18 +33,7 @@ def deepspeed_deps() -> Path:
 
 def _train(cfg: Path, work: Path, tiny: Path, deps: Path | None, *options: str) -> str:
     """Two processes through ``xtuner train``; returns the output (it exits 0 on failure)."""
-    bin_dir = Path(sys.executable).parent
-    xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
-    assert xtuner, 'the xtuner console script is not installed'
-    path = f'{deps}{os.pathsep}{ROOT}' if deps else str(ROOT)
-    env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path, NPROC_PER_NODE='2',
-               PORT=str(free_port()), OMP_NUM_THREADS='1', DS_ACCELERATOR='cpu',
-               PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
-    env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
-    proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work), '--cfg-options',
-                           *FAST, *options], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=900)
-    return proc.stdout + proc.stderr
+    return train_ranks(cfg, work, tiny, 2, *options, deps=deps)
 
 
 def _zero_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

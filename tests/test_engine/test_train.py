@@ -56,8 +56,15 @@ def test_short_run_learns_logs_and_checkpoints(tmp_path, tiny_dir):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, tiny_dir):
     cfg = write_config(tmp_path)
     full, resumed = tmp_path / 'full', tmp_path / 'resumed'
-    train(cfg, full, tiny_dir, 'train_cfg.max_steps=4')
-    train(cfg, resumed, tiny_dir, 'train_cfg.max_steps=4', '--resume', str(full / 'iter_2.pth'))
+    proc = train(cfg, full, tiny_dir, 'train_cfg.max_steps=4')
+    # the start-up line says how GEPO's band begins
+    assert "GEPO entropy band starts at the first batch's own statistics" in (proc.stdout
+                                                                              + proc.stderr)
+    proc = train(cfg, resumed, tiny_dir, 'train_cfg.max_steps=4', '--resume',
+                 str(full / 'iter_2.pth'))
+    out = proc.stdout + proc.stderr
+    assert 'GEPO entropy band continues from the checkpoint: 2 steps folded in' in out
+    assert 'resumed with changed settings' not in out
     a, b = scalars(full), scalars(resumed)
     assert 1 not in b and 2 not in b, 'the resumed run re-ran finished steps'
     for step in (3, 4):
@@ -165,3 +172,32 @@ def test_config_error_exits_non_zero(tmp_path, tiny_dir):
                  'train_cfg.advantage.alpha_low=5', check=False)
     assert proc.returncode != 0
     assert 'alpha_low must be in [0.0, 1.0], got 5' in proc.stderr
+
+
+def test_aepo_trains_kept_rows_in_fewer_full_minibatches(tmp_path, tiny_dir):
+    """AEPO's gate is on at every step (``entropy_low=0``) and ShortAnswerReward gives mixed
+    rewards, so each step keeps the responses with positive advantage and reward, a
+    fraction the log states. The kept rows are trained as AEPO's authors did (verl v0.4
+    ``dp_actor``: ``batch.split(ppo_mini_batch_size)``): ``ceil(kept / minibatch)``
+    optimizer steps of ``minibatch`` rows (the last holds the rest), not the full
+    batch's 4 steps with the kept rows spread over them."""
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(advantage=dict(_delete_=True, type='AEPOAdvantage', entropy_low=0.0))
+    """)
+    work = tmp_path / 'run'
+    train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_dataloader.batch_size=8',
+          'train_cfg.minibatch_size=8', 'train_cfg.val.interval=100')
+    responses, minibatch = 8 * 4, 8
+    logged = scalars(work)
+    kept_per_step = []
+    for step in (1, 2):
+        row = logged[step]
+        kept = row['optim/rows_trained']
+        kept_per_step.append(kept)
+        assert row['aepo/positive_only'] == 1.0 and kept == responses * row['aepo/frac_kept']
+        steps = math.ceil(kept / minibatch)  # 0 when nothing is kept: no update
+        assert row['optim/steps'] == steps, (step, row)
+        if steps:
+            assert row['optim/minibatch_rows'] == kept / steps  # full minibatches, the rest
+    # rows were removed and the kept ones took fewer steps than the full batch's 4
+    assert any(0 < k <= responses - minibatch for k in kept_per_step), kept_per_step

@@ -116,6 +116,21 @@ def test_non_gepo_processor_reports_no_thresholds(tmp_path):
     assert t['h_low'] is None and t['mu'] == pytest.approx(0.5)
 
 
+def test_output_and_help_state_how_the_band_starts(tmp_path, capsys):
+    src = write_jsonl(tmp_path / 'r.jsonl', group(0, 'a', 'math', [1.0, 0.0, 0.0]))
+    assert load_tool().main([str(src), '--out', str(tmp_path / 'out'), '--cfg-options',
+                             'gamma=0.02']) == 0
+    out = capsys.readouterr().out
+    assert "band starts at the first batch's own statistics (H(0) = Hhat(0))" in out
+    assert 'with gamma=0.02 that batch still weighs 0.14 in the thresholds at step 100' in out
+    with pytest.raises(SystemExit):
+        load_tool().main(['--help'])
+    assert 'the first step anchors the thresholds for about 100 steps' in ' '.join(
+        capsys.readouterr().out.split())
+    load_tool().main([str(src), '--out', str(tmp_path / 'rloo'), '--advantage', 'RLOOAdvantage'])
+    assert 'H(0)' not in capsys.readouterr().out  # no band, nothing to say
+
+
 GOOD = json.dumps(dict(step=0, prompt_id='p', domain='math', reward=1.0, logprobs=[-0.1]))
 
 

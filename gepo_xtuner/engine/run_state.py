@@ -1,0 +1,166 @@
+"""Per-rank random state and run settings of the RL loop's checkpoints.
+
+Every data-parallel rank draws from its own random streams (sampling, minibatch
+shuffles, a policy loss's generator), and ranks consume different numbers of draws
+(responses of different lengths, different kept rows), so the streams part after the
+first step. A checkpoint therefore holds one entry per rank, gathered to rank 0 at
+the end of every step (:func:`gather_rank_states`: one ``all_gather_object`` of a
+few kilobytes per rank) and written with the rest of the checkpoint, in the same
+atomic file (mmengine) or the same client state (DeepSpeed). On ``--resume`` rank
+``r`` restores entry ``r`` (:func:`rank_entry`).
+
+The run settings that give a step its meaning (:func:`run_settings`) are saved too,
+and a resume under other settings says what changed and what it means
+(:func:`describe_changes`).
+"""
+
+import hashlib
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..ops.distributed import dist_rank, dist_world_size
+
+__all__ = ['capture_rng', 'describe_changes', 'gather_rank_states', 'rank_entry',
+           'restore_rng', 'run_settings', 'seed_streams']
+
+
+def capture_rng() -> dict[str, Any]:
+    """The torch (and CUDA), NumPy and Python RNG states of this process."""
+    rng: dict[str, Any] = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
+                               python=random.getstate())
+    if torch.cuda.is_available():
+        rng['cuda'] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Sets the RNG states :func:`capture_rng` returned."""
+    torch.set_rng_state(rng['torch'])
+    np.random.set_state(rng['numpy'])
+    random.setstate(rng['python'])
+    if 'cuda' in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng['cuda'])
+
+
+def seed_streams(seed: int | None, rank: int, step: int) -> None:
+    """Seeds torch (and CUDA), NumPy and Python from ``(seed, rank, step)``: distinct,
+    reproducible streams for a rank that has no saved state of its own."""
+    digest = hashlib.sha256(f'{seed or 0}/{rank}/{step}'.encode()).digest()
+    value = int.from_bytes(digest[:8], 'little') % 2**32
+    torch.manual_seed(value)  # also every CUDA device
+    np.random.seed(value)
+    random.seed(value)
+
+
+def gather_rank_states(mine: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``mine``, in rank order (a one-element list in one process).
+
+    A collective: every rank must call it at the same point.
+    """
+    world = dist_world_size()
+    if world == 1:
+        return [mine]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """This rank's saved entry of ``ranks``, and a warning when the world size changed.
+
+    A checkpoint of P ranks resumed on P' != P ranks is explained, not refused: the
+    model and optimizer do not depend on the world size under DDP, and continuing a
+    long run on fewer or more machines can be what is wanted. Ranks below P continue
+    their own streams; a rank with no saved entry gets streams seeded from
+    ``(seed, rank, step)`` (``None`` is returned for it; see :func:`seed_streams`).
+
+    Returns:
+        ``(entry or None, warning or None)``.
+    """
+    rank, world = dist_rank(), dist_world_size()
+    entry = ranks[rank] if rank < len(ranks) else None
+    if len(ranks) == world:
+        return entry, None
+    return entry, (
+        f'the checkpoint was written by {len(ranks)} training processes, this run has '
+        f'{world}: the run continues but cannot repeat the uninterrupted one. Each rank '
+        'draws its own share of the prompts, so the shares change (the data position '
+        'replayed on resume is that of the new world size: some prompts of the current '
+        'epoch are seen twice, others not at all), and the global batch, the optimizer '
+        'steps\' batch and the batch statistics of the advantage (e.g. GEPO\'s band) '
+        f'change in proportion. Ranks 0..{min(len(ranks), world) - 1} continue their saved '
+        'random streams; '
+        + ('ranks without a saved state start streams seeded from (seed, rank, step).'
+           if world > len(ranks) else
+           f'the streams of ranks {world}..{len(ranks) - 1} are dropped.'))
+
+
+def run_settings(*, num_responses: int, prompts_per_rank: Any, minibatch_size: int,
+                 ppo_epochs: int, world_size: int, max_steps: int, advantage: Any,
+                 kept_rows: str) -> dict[str, Any]:
+    """The settings a checkpoint's steps were taken under (plain values, comparable)."""
+    return dict(num_responses=num_responses, prompts_per_rank=prompts_per_rank,
+                minibatch_size=minibatch_size, ppo_epochs=ppo_epochs, world_size=world_size,
+                max_steps=max_steps, advantage=_plain(advantage), kept_rows=kept_rows)
+
+
+def _plain(value: Any) -> Any:
+    """A config as plain dicts, lists and scalars (mmengine ``ConfigDict`` included)."""
+    if hasattr(value, 'to_dict'):
+        value = value.to_dict()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+
+
+#: What a change of each setting means for the resumed run.
+MEANINGS = {
+    'num_responses': (
+        'groups now hold {new} responses instead of {old}: group-relative advantages and '
+        'group entropies change scale, and a saved advantage state (GEPO\'s entropy band, '
+        'an EMA of batch statistics over groups of {old}) describes the old groups until '
+        'it adapts'),
+    'prompts_per_rank': (
+        'each rank now draws {new} prompts per step instead of {old}: the global batch '
+        'changes, and the data position replayed on resume (steps x the new batch) is not '
+        'where the checkpoint stopped, so prompts of the current epoch are repeated or '
+        'skipped'),
+    'world_size': (
+        '{new} training processes instead of {old}: the global batch changes in proportion '
+        'and the ranks\' prompt shares differ'),
+    'minibatch_size': (
+        'optimizer steps now take {new} responses per rank instead of {old}: a different '
+        'number of optimizer steps per RL step'),
+    'ppo_epochs': (
+        '{new} passes over each rollout batch instead of {old}: a different number of '
+        'optimizer steps per RL step'),
+    'advantage': (
+        'the advantage processor\'s settings changed; its saved state (if any) continues '
+        'under the new settings'),
+    'kept_rows': (
+        'rows a processor removes are now trained as {new!r} instead of {old!r}: a '
+        'different number of optimizer steps on steps that remove rows'),
+    'max_steps': (
+        'the run now ends at step {new} instead of {old}; schedules sized by the number of '
+        'steps (learning-rate schedules, the last validation) follow the new end'),
+}
+
+
+def describe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """One line per setting that differs between ``saved`` and ``current``.
+
+    Settings missing from ``saved`` (checkpoints of earlier versions) are not compared.
+    """
+    lines = []
+    for key, meaning in MEANINGS.items():
+        if key not in saved or key not in current or saved[key] == current[key]:
+            continue
+        old, new = saved[key], current[key]
+        lines.append(f'{key}: {old!r} -> {new!r}: ' + meaning.format(old=old, new=new))
+    return lines
