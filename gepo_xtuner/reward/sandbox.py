@@ -514,13 +514,10 @@ def cgroup_support() -> dict[str, tuple[str, str]] | str:
     missing = [name for name in ('memory', 'pids') if name not in found]
     if missing:
         return f'no {" or ".join(missing)} cgroup controller delegated to this process'
-    for name, (parent, _) in found.items():
-        probe = os.path.join(parent, f'gepo-sandbox-probe-{os.getpid()}')
-        try:
-            os.mkdir(probe)
-            os.rmdir(probe)
-        except OSError as exc:
-            return f'cannot create a {name} cgroup under {parent}: {exc.strerror}'
+    try:  # what every run does: make them, set limits, open cgroup.procs, remove them
+        _Cgroups(256 << 20, 8, found).close()
+    except SandboxError as exc:
+        return str(exc.__cause__ or exc)
     return found
 
 
@@ -533,8 +530,9 @@ class _Cgroups:
     what is left in them and removes them.
     """
 
-    def __init__(self, memory_bytes: int, max_processes: int) -> None:
-        support = cgroup_support()
+    def __init__(self, memory_bytes: int, max_processes: int,
+                 support: dict[str, tuple[str, str]] | None = None) -> None:
+        support = support if support is not None else cgroup_support()
         assert isinstance(support, dict)
         self.dirs: list[str] = []
         self.fds: list[int] = []

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
+import gepo_xtuner.reward.sandbox as sandbox_module
 from gepo_xtuner.reward import CodeReward
-from gepo_xtuner.reward.sandbox import UID_BASE, UID_SLOTS, Sandbox, available_levels, cgroup_support
+from gepo_xtuner.reward.sandbox import (UID_BASE, UID_SLOTS, Sandbox, available_levels,
+                                        cgroup_support)
 
 from .test_code import harness_processes
 
@@ -88,25 +90,32 @@ os._exit(0)
 '''
 
 # Three children each hold 400 MiB (under the 1 GiB per-process address-space limit);
-# together 1.2 GiB. Prints how many held their memory at the same time.
+# together 1.2 GiB. Prints how many hold their memory at the same time: those that
+# reported their allocation and are still alive (the kernel may kill one that had
+# already reported, to make room for the next).
 MULTI_PROCESS_MEMORY = '''
 import os, select, time
 r, w = os.pipe()
+children = []
 for _ in range(3):
-    if os.fork() == 0:
+    pid = os.fork()
+    if pid == 0:
         block = b"x" * (400 << 20)
         os.write(w, b"x")
         time.sleep(20)
         os._exit(0)
+    children.append(pid)
 os.close(w)
-held = 0
+reported = 0
 deadline = time.time() + 4
-while time.time() < deadline and held < 3:
+while time.time() < deadline and reported < 3:
     if select.select([r], [], [], 0.1)[0]:
         chunk = os.read(r, 3)
         if not chunk:
             break
-        held += len(chunk)
+        reported += len(chunk)
+time.sleep(0.5)
+held = sum(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in children) if reported == 3 else 0
 print(held, flush=True)
 if held == 3:
     print("PWNED")
@@ -159,30 +168,37 @@ def _kernel_settings() -> dict[str, str]:
     return out
 
 
-def _uid_processes() -> list[int]:
-    """Live processes owned by a sandbox uid (any slot)."""
+def _uid_processes(uids: set[int]) -> list[int]:
+    """Live processes owned by one of ``uids``."""
     pids = []
     for entry in os.scandir('/proc'):
         if entry.name.isdigit():
             try:
-                uid = entry.stat().st_uid
+                if entry.stat().st_uid in uids:
+                    pids.append(int(entry.name))
             except OSError:
                 continue
-            if UID_BASE <= uid < UID_BASE + UID_SLOTS:
-                pids.append(int(entry.name))
     return pids
 
 
-def _sandbox_cgroups() -> list[str]:
-    if not isinstance(CGROUPS, dict):
-        return []
-    return sorted({str(p) for parent, _ in CGROUPS.values()
-                   for p in Path(parent).glob('gepo-sandbox-*')})
-
-
 @pytest.fixture(params=SAFE_LEVELS)
-def box(request, tmp_path):
-    """A sandbox at one level; afterwards: host unchanged, nothing left behind."""
+def box(request, tmp_path, monkeypatch):
+    """A sandbox at one level; afterwards: host unchanged, nothing of its runs left behind
+    (the uids and cgroups its runs used are recorded, so that other sandboxes running on
+    the machine at the same time do not count)."""
+    uids, cgroup_dirs = set(), []
+    lease_init, cgroups_init = sandbox_module._UidLease.__init__, sandbox_module._Cgroups.__init__
+
+    def record_lease(self, *args, **kwargs):
+        lease_init(self, *args, **kwargs)
+        uids.add(self.uid)
+
+    def record_cgroups(self, *args, **kwargs):
+        cgroups_init(self, *args, **kwargs)
+        cgroup_dirs.extend(self.dirs)
+
+    monkeypatch.setattr(sandbox_module._UidLease, '__init__', record_lease)
+    monkeypatch.setattr(sandbox_module._Cgroups, '__init__', record_cgroups)
     settings = _kernel_settings()
     boxes = tmp_path / 'boxes'
     boxes.mkdir()
@@ -191,9 +207,11 @@ def box(request, tmp_path):
     yield sandbox
     assert _kernel_settings() == settings, 'a kernel setting changed'
     assert harness_processes() == [], 'a sandboxed process survived its run'
-    assert _uid_processes() == [], 'a process of a sandbox uid survived its run'
-    assert _sandbox_cgroups() == [], 'a per-run cgroup was left behind'
+    assert _uid_processes(uids) == [], "a process of a run's uid survived it"
+    assert [d for d in cgroup_dirs if os.path.exists(d)] == [], 'a per-run cgroup was left'
     assert list(boxes.iterdir()) == [], 'a working directory was left behind'
+    if os.geteuid() == 0:
+        assert uids and all(UID_BASE <= u < UID_BASE + UID_SLOTS for u in uids)
 
 
 def _score(sandbox: Sandbox, code: str) -> float:
@@ -256,7 +274,7 @@ def test_memory_of_all_processes_together_is_limited(box):
     code = GC_BYPASS + MULTI_PROCESS_MEMORY
     box.timeout_s = 15
     result = box.run(code)
-    assert 'PWNED' not in result.stdout
+    assert 'PWNED' not in result.stdout, result
     assert _count(result) < 3, result
     assert _score(box, code) == 0.0
     roomy = Sandbox(timeout_s=15, memory_mb=2048, isolation=box.isolation, tmp_dir=box.tmp_dir)
