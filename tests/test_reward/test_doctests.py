@@ -27,6 +27,8 @@ def test_every_registered_reward_has_an_example_and_builds_with_defaults():
                 'MathReward', 'MultipleChoiceReward', 'NumericReward'}
     assert expected <= set(REWARDS.module_dict)
     for name, cls in REWARDS.module_dict.items():
+        if not cls.__module__.startswith('gepo_xtuner.'):
+            continue  # registered by a test's plugin module
         assert name == cls.__name__
         assert '>>>' in (cls.__doc__ or ''), f'{name} has no docstring example'
         assert callable(REWARDS.build({'type': name}))
