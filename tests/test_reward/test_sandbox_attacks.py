@@ -10,7 +10,6 @@ run's limit, never at the machine's.
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from gepo_xtuner.reward.sandbox import (UID_BASE, UID_SLOTS, Sandbox, available_
                                         cgroup_support)
 
 from .test_code import harness_processes
+from .test_sandbox_containment import _nobody_python, _nobody_skip_reason
 
 WHY_NOT = available_levels()
 SAFE_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]
@@ -311,35 +311,6 @@ for level in ('isolated', 'contained'):
         out['cases'][level][name] = [r.status, r.stdout]
 print(json.dumps(out))
 '''
-
-
-def _nobody_python() -> str | None:
-    for candidate in (os.path.realpath(sys.executable), '/usr/bin/python3'):
-        try:
-            done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup',
-                                   '--clear-groups', candidate, '-I', '-c',
-                                   'import subprocess, sys; subprocess.run([sys.executable, '
-                                   '"-I", "-c", "import json"], check=True)'],
-                                  capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return candidate
-    return None
-
-
-def _nobody_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return 'needs root to switch to the user nobody'
-    if shutil.which('setpriv') is None:
-        return 'setpriv (util-linux) is not installed'
-    try:
-        pwd.getpwnam('nobody')
-    except KeyError:
-        return 'no user nobody'
-    if _nobody_python() is None:
-        return 'no Python interpreter that the user nobody can run'
-    return None
 
 
 @pytest.mark.skipif(_nobody_skip_reason() is not None, reason=str(_nobody_skip_reason()))
