@@ -41,6 +41,7 @@ def main() -> None:
     model_dir = tempfile.mkdtemp(prefix='bench_pool_')
     tok = build_char_tokenizer()
     build_tiny_model(len(tok), seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)  # the doubles read the stop tokens from it
     requests = [RolloutRequest([1, 3 + i % 40, 7]) for i in range(args.requests)]
     params = SamplingParams(temperature=0.0, max_new_tokens=2)
 
