@@ -71,7 +71,7 @@ sys.modules.setdefault('bitsandbytes', None)  # see vs_trl.py: would break `impo
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gepo_xtuner.testbed.rl_step import build_qwen2, workload  # noqa: E402
+from gepo_xtuner.testbed.rl_step import QWEN2_0_5B, build_qwen2, workload  # noqa: E402
 
 
 def rss() -> int:
@@ -250,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument('--vocab', type=int, default=8192)
     p.add_argument('--hidden', type=int, default=512)
     p.add_argument('--layers', type=int, default=6)
+    p.add_argument('--qwen2-0.5b', dest='qwen2_05b', action='store_true',
+                   help="build Qwen2.5-0.5B's shapes (494M parameters, its vocabulary; "
+                   '--vocab/--hidden/--layers then do not apply)')
     p.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
     p.add_argument('--skip-trl', action='store_true')
@@ -283,8 +286,15 @@ def main(argv: list[str] | None = None) -> None:
         name = f'{config.model_type} from {model_dir}'
     else:
         model_dir = work / 'model'
-        params = build_qwen2(model_dir, a.vocab, a.hidden, a.layers)
-        name = 'Qwen2 built from a config'
+        shape = {}
+        if a.qwen2_05b:
+            a.vocab, a.hidden, a.layers = (QWEN2_0_5B['vocab_size'], QWEN2_0_5B['hidden_size'],
+                                           QWEN2_0_5B['num_hidden_layers'])
+            shape = dict(heads=QWEN2_0_5B['num_attention_heads'],
+                         kv_heads=QWEN2_0_5B['num_key_value_heads'],
+                         intermediate=QWEN2_0_5B['intermediate_size'])
+        params = build_qwen2(model_dir, a.vocab, a.hidden, a.layers, **shape)
+        name = 'Qwen2 built from a config' + (" (Qwen2.5-0.5B's shapes)" if shape else '')
     from gepo_xtuner.testbed.gpu import device_summary, peak_bf16_tflops, step_flops
     batch, advantages = workload(a.responses, a.median_length, a.sigma, a.max_length, a.vocab,
                                  seed=0, prompt_lengths=tuple(a.prompt_lengths))

@@ -158,7 +158,8 @@ def packed_vs_padded(model_dir: str | Path, batch: Any, device: str | torch.devi
 
     Runs ``RLPolicy.response_logprobs`` on ``batch`` (a ``ResponseBatch``) packed and padded
     in ``dtype`` on ``device``, with the gradient of ``-sum_i A_i sum_t logprob_it``
-    (fixed random advantages), then the padded path of the same weights in fp32.
+    (fixed random advantages), then the padded path in fp32 on the same weights (rounded to
+    ``dtype``, so that only the arithmetic differs).
 
     Returns:
         ``{'attention', 'logprobs', 'entropies', 'packed_vs_fp32', 'padded_vs_fp32'}``
@@ -171,6 +172,9 @@ def packed_vs_padded(model_dir: str | Path, batch: Any, device: str | torch.devi
     loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
     policy = RLPolicy(str(model_dir), loss, torch_dtype=name, packing='on').to(device)
     reference = RLPolicy(str(model_dir), loss, torch_dtype='float32', packing='off').to(device)
+    with torch.no_grad():  # the same (rounded) weights: only the arithmetic differs
+        for p in reference.parameters():
+            p.copy_(p.to(dtype).float())
     inputs = _inputs(batch, device)
     mask = inputs['response_mask']
     advantages = torch.randn(len(batch), generator=torch.Generator().manual_seed(0)).to(device)
