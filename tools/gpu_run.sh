@@ -30,10 +30,13 @@ install_bundle() {
             exit 2; }
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$SITE" "$BUNDLE"/*.whl || exit 2
-        # xtuner 0.2.0 under transformers 5 needs the start-up hook of this project's wheel;
-        # .pth files are read in site directories only, not in PYTHONPATH entries
+        # xtuner 0.2.0 under transformers 5 needs this project's start-up hook, which a .pth
+        # file runs; .pth files are read in site directories only, not in PYTHONPATH entries.
+        # This one does nothing in a process without $SITE on its path.
         purelib=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        cp "$SITE/gepo_xtuner_transformers5.pth" "$purelib/" 2>/dev/null ||
+        echo "import importlib.util as u; u.find_spec('_gepo_xtuner_transformers5') and" \
+            "__import__('_gepo_xtuner_transformers5').install()" \
+            > "$purelib/gepo_xtuner_transformers5.pth" ||
             echo "warning: cannot write $purelib: xtuner may not import under transformers 5"
         touch "$SITE/.installed"
     fi
@@ -41,12 +44,14 @@ install_bundle() {
 }
 
 check() {
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
+        echo "nvidia-smi: no NVIDIA driver here"
     "$PY" - <<'EOF'
 import importlib, sys, time
 import torch, transformers
+device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (no CUDA)'
 print(f'python {sys.version.split()[0]} torch {torch.__version__} (cuda {torch.version.cuda}) '
-      f'transformers {transformers.__version__} device {torch.cuda.get_device_name(0)}')
+      f'transformers {transformers.__version__} device {device}')
 for name in ('gepo_xtuner', 'xtuner.tools.train', 'mmengine', 'lmdeploy.cli',
              'lmdeploy.serve.openai.api_server', 'lmdeploy.pytorch.engine.engine',
              'lmdeploy.pytorch.engine.model_agent', 'lmdeploy.pytorch.models.qwen2',

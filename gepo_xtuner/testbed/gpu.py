@@ -41,14 +41,20 @@ class Tolerance:
 
 # Per-token logprobs and entropies (nats). bf16 keeps 8 significant bits (unit roundoff
 # 2^-8 = 0.0039): a logit of magnitude ~10 is off by ~0.04 after one rounding, and a
-# 24-layer residual stream accumulates a few of them, so two bf16 paths that sum in
-# different orders disagree by a few hundredths of a nat; 0.1 nat + 5 % leaves room for
-# that and still catches a sequence that sees its neighbour (differences of ~1 nat, see
-# tests/test_testbed/test_gpu.py). fp32: reduction-order noise only.
+# 24-layer residual stream accumulates a few of them, so two bf16 paths that compute the
+# same thing in a different order disagree by a few hundredths of a nat; 0.1 nat + 5 %
+# leaves room for that and still catches a sequence that sees its neighbour (differences
+# of ~1 nat, see tests/test_testbed/test_gpu.py). 'vs_fp32' bounds a bf16 path against an
+# fp32 pass on the same weights: every rounding of the bf16 path counts there (on CPU, 400
+# tokens, bf16 SDPA: up to 0.37 nats on a 2-layer model), so it is wider, and still below
+# the error of a sequence that sees the wrong context. fp32: reduction-order noise only.
 TOLERANCES: dict[torch.dtype, dict[str, Tolerance]] = {
-    torch.float32: {'logprobs': Tolerance(1e-4, 1e-4), 'entropies': Tolerance(1e-4, 1e-4)},
-    torch.bfloat16: {'logprobs': Tolerance(0.1, 0.05), 'entropies': Tolerance(0.1, 0.05)},
-    torch.float16: {'logprobs': Tolerance(0.05, 0.02), 'entropies': Tolerance(0.05, 0.02)},
+    torch.float32: {'logprobs': Tolerance(1e-4, 1e-4), 'entropies': Tolerance(1e-4, 1e-4),
+                    'vs_fp32': Tolerance(1e-4, 1e-4)},
+    torch.bfloat16: {'logprobs': Tolerance(0.1, 0.05), 'entropies': Tolerance(0.1, 0.05),
+                     'vs_fp32': Tolerance(0.5, 0.1)},
+    torch.float16: {'logprobs': Tolerance(0.05, 0.02), 'entropies': Tolerance(0.05, 0.02),
+                    'vs_fp32': Tolerance(0.25, 0.05)},
 }
 # Gradients of the two paths: cosine similarity at least this, per dtype.
 GRAD_COSINE = {torch.float32: 0.9999, torch.bfloat16: 0.99, torch.float16: 0.995}
@@ -195,9 +201,9 @@ def packed_vs_padded(model_dir: str | Path, batch: Any, device: str | torch.devi
         'entropies': compare('packed vs padded entropies', ent_packed, ent_padded,
                              tol['entropies'], mask),
         'packed_vs_fp32': compare('packed vs fp32 logprobs', lp_packed, lp_ref,
-                                  tol['logprobs'], mask),
+                                  tol['vs_fp32'], mask),
         'padded_vs_fp32': compare('padded vs fp32 logprobs', lp_padded, lp_ref,
-                                  tol['logprobs'], mask),
+                                  tol['vs_fp32'], mask),
         'grads': grads}
 
 

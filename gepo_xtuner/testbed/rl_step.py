@@ -23,7 +23,8 @@ QWEN2_0_5B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
 
 def build_qwen2(path: Path, vocab: int, hidden: int, layers: int, *, heads: int | None = None,
                 kv_heads: int | None = None, intermediate: int | None = None,
-                seed: int = 0, max_positions: int = 4096, **overrides: Any) -> int:
+                seed: int = 0, max_positions: int = 4096, dtype: torch.dtype = torch.float32,
+                **overrides: Any) -> int:
     """Writes a randomly initialised Qwen2 and the character tokenizer to ``path``.
 
     Args:
@@ -35,6 +36,7 @@ def build_qwen2(path: Path, vocab: int, hidden: int, layers: int, *, heads: int 
         intermediate: MLP width (default ``hidden * 11 // 4``).
         seed: the weights are a pure function of it and the shapes.
         max_positions: ``max_position_embeddings``.
+        dtype: the dtype the weights are saved in (and the config's ``torch_dtype``).
         **overrides: any other :class:`~transformers.Qwen2Config` field (e.g. a larger
             ``initializer_range`` for peaked, context-dependent logits).
 
@@ -53,7 +55,7 @@ def build_qwen2(path: Path, vocab: int, hidden: int, layers: int, *, heads: int 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    model.save_pretrained(path)
+    model.to(dtype).save_pretrained(path)
     build_char_tokenizer().save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
 

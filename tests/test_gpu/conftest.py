@@ -19,7 +19,8 @@ from tests.test_engine.conftest import tiny_dir  # noqa: F401 - the task data of
 
 # name -> build_qwen2 arguments (vocab None: the character tokenizer's)
 MODELS = {
-    'tiny': dict(vocab=None, hidden=128, layers=2, heads=4, initializer_range=0.2),
+    # head_dim 64: a size every attention kernel (LMDeploy's included) supports
+    'tiny': dict(vocab=None, hidden=256, layers=2, heads=4, initializer_range=0.15),
     # Qwen2.5-0.5B's shapes and vocabulary: 494M parameters
     'qwen2-0.5b': dict(vocab=QWEN2_0_5B['vocab_size'], hidden=QWEN2_0_5B['hidden_size'],
                        layers=QWEN2_0_5B['num_hidden_layers'],
@@ -31,13 +32,14 @@ MODELS = {
 
 @pytest.fixture(scope='session')
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
-    """``{name: model directory}`` for :data:`MODELS`, written once per session."""
+    """``{name: model directory}`` for :data:`MODELS`, written once per session in bf16 (the
+    dtype every check trains and serves in; fp32 references load the same values)."""
     out = tmp_path_factory.mktemp('gpu_models')
     dirs = {}
     for name, kw in MODELS.items():
         kw = dict(kw)
         kw['vocab'] = kw['vocab'] or len(build_char_tokenizer())
-        build_qwen2(out / name, **kw)
+        build_qwen2(out / name, **kw, dtype=torch.bfloat16)
         dirs[name] = out / name
     return dirs
 

@@ -82,12 +82,12 @@ def test_one_rl_step_through_lmdeploy(model_dirs, tiny_dir, device, tmp_path):
           'model.torch_dtype=bfloat16', 'train_cfg.max_steps=2', 'train_cfg.val.interval=100',
           timeout=580)
     logged = scalars(work)
-    assert sorted(logged) == [1, 2], logged
+    assert {1, 2} <= set(logged), logged  # step 0: the first validation only
     tol = TOLERANCES[torch.bfloat16]['logprobs'].atol
-    for row in logged.values():
-        assert math.isfinite(row['loss']) and row['optim/grad_norm'] > 0, row
+    for row in (logged[1], logged[2]):
+        assert math.isfinite(row['loss/pg']) and row['optim/grad_norm'] > 0, row
         # step 2 samples from the weights pushed after step 1
         assert row['rollout/logprob_abs_diff'] <= tol, row
-    record('lmdeploy[rl_step]', {'steps': {s: {k: row[k] for k in (
-        'loss', 'optim/grad_norm', 'rollout/logprob_abs_diff') if k in row}
-        for s, row in logged.items()}})
+    record('lmdeploy[rl_step]', {'steps': {s: {k: logged[s][k] for k in (
+        'loss/pg', 'optim/grad_norm', 'rollout/logprob_abs_diff', 'perf/gen_tokens_per_sec')
+        if k in logged[s]} for s in (1, 2)}})
