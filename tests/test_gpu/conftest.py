@@ -30,18 +30,25 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope='session')
-def model_dirs(tmp_path_factory) -> dict[str, Path]:
-    """``{name: model directory}`` for :data:`MODELS`, written once per session in bf16 (the
-    dtype every check trains and serves in; fp32 references load the same values)."""
-    out = tmp_path_factory.mktemp('gpu_models')
-    dirs = {}
-    for name, kw in MODELS.items():
-        kw = dict(kw)
+class ModelDirs(dict):
+    """``{name: model directory}`` of :data:`MODELS`, each written on first use, in bf16
+    (the dtype every check trains and serves in; fp32 references load the same values)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> Path:
+        kw = dict(MODELS[name])
         kw['vocab'] = kw['vocab'] or len(build_char_tokenizer())
-        build_qwen2(out / name, **kw, dtype=torch.bfloat16)
-        dirs[name] = out / name
-    return dirs
+        build_qwen2(self.root / name, **kw, dtype=torch.bfloat16)
+        self[name] = self.root / name
+        return self[name]
+
+
+@pytest.fixture(scope='session')
+def model_dirs(tmp_path_factory) -> ModelDirs:
+    return ModelDirs(tmp_path_factory.mktemp('gpu_models'))
 
 
 @pytest.fixture(scope='session')
