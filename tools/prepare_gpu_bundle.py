@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     specs = requirements(Path(a.requirements))
+    for name in STRIP:  # stripped by an earlier run: fetch the published wheel again
+        for wheel in out.glob(f'{name}-*.whl'):
+            wheel.unlink()
     download(specs, out, a.python_version)
     for name, patterns in STRIP.items():
         for wheel in out.glob(f'{name}-*.whl'):
