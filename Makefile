@@ -80,6 +80,26 @@ experiments: $(STAMP)
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow"
 
+# The GPU checks (docs/gpu.md): the tests marked `gpu` (each skips, with the reason, where
+# torch sees no CUDA device; then the target still succeeds), then the figures they recorded
+# in $(GPU_REPORT_DIR)/report.jsonl. On a GPU machine without the venv:
+# make test-gpu GPU_PY=python3 (tools/gpu_run.sh runs it after installing the wheel bundle).
+GPU_PY ?= $(PY)
+GPU_REPORT_DIR ?= work_dirs/gpu
+GPU_TEST_ARGS ?=
+.PHONY: test-gpu gpu-bundle
+
+test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
+	@rm -f $(GPU_REPORT_DIR)/report.jsonl
+	GEPO_GPU_REPORT_DIR=$(GPU_REPORT_DIR) $(GPU_PY) -m pytest -m gpu -rs tests/test_gpu \
+		$(GPU_TEST_ARGS); status=$$?; \
+		$(GPU_PY) tools/gpu_report.py $(GPU_REPORT_DIR); exit $$status
+
+# The wheels a GPU machine without network needs beyond its image (LMDeploy without
+# TurboMind, xtuner, mmengine, this project, ...) into .gpu_bundle/, with their sizes
+gpu-bundle: $(STAMP)
+	$(PY) tools/prepare_gpu_bundle.py --out .gpu_bundle
+
 # everything, including the `slow` tests (smoke runs of every shipped config)
 test-all: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	$(V1_REQUIRED) $(PY) -m pytest

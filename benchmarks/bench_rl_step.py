@@ -37,6 +37,17 @@ own vocabulary and weights; e.g. SmolLM2-135M-Instruct from ``tools/prepare_smol
 new tokens for every prompt of the workload (temperature 1), printed as generated
 tokens/s.
 
+``--device cuda --dtype bfloat16`` runs every variant on the GPU in bf16 (TRL stays a
+CPU-only column): the clock starts and stops on a synchronized device, memory is the
+peak of the CUDA allocator above the level before the run, and each line adds the
+model-FLOPs utilisation ``mfu = useful FLOPs / seconds / peak``. Useful FLOPs count
+real tokens only (``gepo_xtuner.testbed.gpu.step_flops``): a forward over a sequence
+of ``l`` tokens is ``2 N l + 2 n_layers d_attn l (l + 1)`` (``N`` parameters, causal
+``QK^T`` and ``PV``), a backward two forwards, and the step one no-grad forward plus a
+forward and backward: ``4 * sum_seq (2 N l + 2 n_layers d_attn l (l + 1))``, 8 N per
+token plus attention. The peak is the GPU's bf16 dense peak looked up by name
+(``PEAK_BF16_TFLOPS``: H100 SXM and H200 989 TFLOP/s) or ``--peak-tflops``.
+
 Needs TRL for ``trl``: ``make bench-step`` puts ``work_dirs/bench_trl_deps`` (``make
 bench-trl``'s TRL 1.16 + transformers 4.57) first on ``PYTHONPATH``; without it the
 TRL column is skipped and its ratio printed as ``nan``. Last line:
@@ -45,14 +56,12 @@ TRL column is skipped and its ratio printed as ``nan``. Last line:
 
 import argparse
 import ctypes
-import math
 import os
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +70,8 @@ sys.modules.setdefault('bitsandbytes', None)  # see vs_trl.py: would break `impo
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from gepo_xtuner.testbed.rl_step import QWEN2_0_5B, build_qwen2, workload  # noqa: E402
 
 
 def rss() -> int:
@@ -75,8 +86,23 @@ def trim_heap() -> None:
         pass
 
 
-def measured(fn: Callable[[], Any]) -> tuple[float, float]:
-    """``(seconds, peak extra MiB)`` of one call."""
+def measured(fn: Callable[[], Any], device: torch.device) -> tuple[float, float]:
+    """``(seconds, peak extra MiB)`` of one call.
+
+    CPU: wall time, and peak resident memory above the level before the call. CUDA: the
+    device is synchronized before the clock starts and before it stops (the time covers
+    every kernel the call queued), and the memory is the peak of ``torch.cuda``'s allocator
+    above what was allocated before the call.
+    """
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t
+        return seconds, max(0, torch.cuda.max_memory_allocated(device) - base) / 2**20
     trim_heap()
     base, peak, stop = rss(), [0], threading.Event()
 
@@ -95,62 +121,14 @@ def measured(fn: Callable[[], Any]) -> tuple[float, float]:
     return seconds, max(0, max(peak[0], rss()) - base) / 2**20
 
 
-def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed: int,
-             prompt_lengths: tuple[int, int] = (6, 14)):
-    """Prompts (``prompt_lengths`` tokens, inclusive) and log-normal response lengths, as a
-    ResponseBatch."""
-    from gepo_xtuner.engine.batching import build_response_batch
-    from gepo_xtuner.rollout import RolloutSample
-    gen = torch.Generator().manual_seed(seed)
-    prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (n, ), generator=gen)
-    length = torch.exp(math.log(median) + sigma * torch.randn(n, generator=gen))
-    length = length.round().long().clamp(2, max_len)
-    prompts = [torch.randint(4, vocab, (int(p), ), generator=gen).tolist() for p in prompt_len]
-    samples = [[RolloutSample(torch.randint(4, vocab, (int(r), ), generator=gen).tolist(),
-                              [0.0] * int(r), 'stop')] for r in length]
-    batch = build_response_batch(prompts, samples, pad_token_id=0)
-    advantages = torch.randn(n, generator=gen)
-    return batch, advantages
-
-
-def save_model(path: Path, vocab: int, hidden: int, layers: int) -> int:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    from gepo_xtuner.testbed.tiny import build_char_tokenizer
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
-                         intermediate_size=hidden * 11 // 4, max_position_embeddings=4096,
-                         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(path)
-    build_char_tokenizer().save_pretrained(path)
-    return sum(p.numel() for p in model.parameters())
-
-
-def loop_namespace(policy: Any, max_tokens: int, minibatch: int) -> Any:
-    """What ``RLTrainLoop._old_logprobs`` / ``_update`` read from the loop, for one process."""
-    from mmengine.optim import OptimWrapper
-    from gepo_xtuner.rollout import SamplingParams
-    optim = OptimWrapper(torch.optim.AdamW(policy.parameters(), lr=1e-6, betas=(0.9, 0.99)),
-                         clip_grad=dict(max_norm=1.0))
-    return SimpleNamespace(policy=policy, runner=SimpleNamespace(model=policy, optim_wrapper=optim),
-                           logprob_max_tokens=max_tokens, max_tokens=max_tokens,
-                           minibatch_size=minibatch, ppo_epochs=1,
-                           kept_rows='full_minibatches', _prime_buckets=False,
-                           sampling=SamplingParams(temperature=1.0, max_new_tokens=4096))
-
-
 Step = Callable[[Any, torch.Tensor], None]  # (ResponseBatch, advantages (N,)) -> None
 
 
 def make_loop_step(policy: Any, max_tokens: int) -> Step:
-    from gepo_xtuner.engine.loop import RLTrainLoop
+    from gepo_xtuner.testbed.rl_step import loop_fields, rl_step
 
     def step(batch: Any, advantages: torch.Tensor) -> None:
-        loop = loop_namespace(policy, max_tokens, len(batch))
-        old, _ = RLTrainLoop._old_logprobs(loop, batch)
-        RLTrainLoop._update(loop, batch, old, advantages, None)
+        rl_step(loop_fields(policy, max_tokens, len(batch)), batch, advantages)
 
     return step
 
@@ -160,9 +138,13 @@ def make_floor_step(model: Any, max_tokens: int) -> Step:
     from gepo_xtuner.model.packing import pack_rows, packed_sequences, use_packed_attention
     use_packed_attention(model)
 
+    device = model.device
+
     def forward(packed: Any) -> torch.Tensor:
-        return model(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                     attention_mask=packed_sequences(packed.cu_seqlens), use_cache=False).logits
+        return model(input_ids=packed.input_ids.to(device),
+                     position_ids=packed.position_ids.to(device),
+                     attention_mask=packed_sequences(packed.cu_seqlens.to(device)),
+                     use_cache=False).logits
 
     def step(batch: Any, advantages: torch.Tensor) -> None:
         prompt_len, response_len = batch.lengths()
@@ -181,7 +163,7 @@ def make_floor_step(model: Any, max_tokens: int) -> Step:
                 forward(packed)
         for packed, targets in blocks:
             logits = forward(packed)
-            F.cross_entropy(logits[0], targets[0], reduction='sum').backward()
+            F.cross_entropy(logits[0], targets[0].to(device), reduction='sum').backward()
         model.zero_grad(set_to_none=True)
 
     return step
@@ -247,8 +229,13 @@ def time_rollout(policy: Any, batch: Any, new_tokens: int) -> tuple[int, float]:
                 for row, mask in zip(batch.input_ids, batch.attention_mask)]
     # no stop token: every prompt gets new_tokens tokens, a fixed amount of work
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+    device = next(policy.parameters()).device
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     samples = backend.generate(requests, params)
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     return sum(len(s[0].response_ids) for s in samples), seconds
 
@@ -263,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument('--vocab', type=int, default=8192)
     p.add_argument('--hidden', type=int, default=512)
     p.add_argument('--layers', type=int, default=6)
+    p.add_argument('--qwen2-0.5b', dest='qwen2_05b', action='store_true',
+                   help="build Qwen2.5-0.5B's shapes (494M parameters, its vocabulary; "
+                   '--vocab/--hidden/--layers then do not apply)')
     p.add_argument('--rounds', type=int, default=3, help='interleaved timed rounds')
     p.add_argument('--threads', type=int, default=torch.get_num_threads())
     p.add_argument('--skip-trl', action='store_true')
@@ -272,11 +262,19 @@ def main(argv: list[str] | None = None) -> None:
                    help='prompt lengths in tokens, drawn uniformly')
     p.add_argument('--rollout-tokens', type=int, default=0,
                    help='also time sampling this many new tokens per prompt (0: skip)')
+    p.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (or 'cuda:N')")
+    p.add_argument('--dtype', default='float32', choices=('float32', 'bfloat16', 'float16'),
+                   help='parameter dtype of every variant')
+    p.add_argument('--peak-tflops', type=float, default=None,
+                   help='the device peak for MFU (default: bf16 dense peak looked up by the '
+                   'GPU name; none on CPU)')
     p.add_argument('--work-dir', default=str(ROOT / 'work_dirs' / 'bench_rl_step'),
                    help='where the model is written')
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    dtype = getattr(torch, a.dtype)
     (work := Path(a.work_dir).resolve()).mkdir(parents=True, exist_ok=True)
     if a.model:
         from transformers import AutoConfig
@@ -288,35 +286,47 @@ def main(argv: list[str] | None = None) -> None:
         name = f'{config.model_type} from {model_dir}'
     else:
         model_dir = work / 'model'
-        params = save_model(model_dir, a.vocab, a.hidden, a.layers)
-        name = 'Qwen2 built from a config'
+        shape = {}
+        if a.qwen2_05b:
+            a.vocab, a.hidden, a.layers = (QWEN2_0_5B['vocab_size'], QWEN2_0_5B['hidden_size'],
+                                           QWEN2_0_5B['num_hidden_layers'])
+            shape = dict(heads=QWEN2_0_5B['num_attention_heads'],
+                         kv_heads=QWEN2_0_5B['num_key_value_heads'],
+                         intermediate=QWEN2_0_5B['intermediate_size'])
+        params = build_qwen2(model_dir, a.vocab, a.hidden, a.layers, **shape)
+        name = 'Qwen2 built from a config' + (" (Qwen2.5-0.5B's shapes)" if shape else '')
+    from gepo_xtuner.testbed.gpu import device_summary, peak_bf16_tflops, step_flops
     batch, advantages = workload(a.responses, a.median_length, a.sigma, a.max_length, a.vocab,
                                  seed=0, prompt_lengths=tuple(a.prompt_lengths))
     prompt_len, response_len = batch.lengths()
     real = int(prompt_len.sum() + response_len.sum())
     q = torch.quantile(response_len.float(), torch.tensor([0.1, 0.5, 0.9]))
+    info = device_summary(device) if device.type == 'cuda' else {}
     print(f'versions: torch={torch.__version__} '
-          f'transformers={__import__("transformers").__version__} threads={a.threads}')
+          f'transformers={__import__("transformers").__version__} threads={a.threads}'
+          + (f' device={info["device"]} cuda={info["cuda"]}' if info else ''))
     from transformers import AutoModelForCausalLM
     from gepo_xtuner.model.policy import RLPolicy
     loss = dict(type='CISPOLoss', eps_low=1.0, eps_high=4.0)
-    ours = RLPolicy(str(model_dir), loss)
+    ours = RLPolicy(str(model_dir), loss, torch_dtype=a.dtype).to(device)
     params = params or sum(p.numel() for p in ours.llm.parameters())
     print(f'workload: {name}, {params / 1e6:.1f}M params (hidden {a.hidden}, {a.layers} layers, '
-          f'vocab {a.vocab}), fp32 cpu; {a.responses} responses, lengths p10/p50/p90 = '
+          f'vocab {a.vocab}), {a.dtype} {device}; {a.responses} responses, lengths p10/p50/p90 = '
           f'{q[0]:.0f}/{q[1]:.0f}/{q[2]:.0f} (max {int(response_len.max())}), prompts '
           f'{int(prompt_len.min())}-{int(prompt_len.max())}; {real} real tokens, padded block '
           f'{batch.input_ids.numel()}; budget {a.max_tokens} tokens per micro-batch')
 
-    padded = RLPolicy(str(model_dir), loss, packing='off')
+    padded = RLPolicy(str(model_dir), loss, torch_dtype=a.dtype, packing='off').to(device)
     assert ours.packs, ours.packing_problem
     steps: dict[str, Step] = {
-        'floor': make_floor_step(AutoModelForCausalLM.from_pretrained(model_dir),
-                                 a.max_tokens),
+        'floor': make_floor_step(AutoModelForCausalLM.from_pretrained(
+            model_dir, torch_dtype=dtype).to(device), a.max_tokens),
         'ours': make_loop_step(ours, a.max_tokens),
         'padded': make_loop_step(padded, a.max_tokens)}
     trl_note = ''
-    if not a.skip_trl:
+    if not a.skip_trl and device.type != 'cpu':
+        trl_note = ' (TRL: CPU only here; its GRPOTrainer is set up with use_cpu=True)'
+    elif not a.skip_trl:
         rows = max(1, a.max_tokens // batch.input_ids.shape[1])  # TRL pads to the longest
         try:
             steps['trl'] = make_trl_step(model_dir, rows, work)
@@ -332,14 +342,24 @@ def main(argv: list[str] | None = None) -> None:
     names = list(steps)
     for r in range(a.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            seconds, mib = measured(lambda: steps[name](batch, advantages))
+            seconds, mib = measured(lambda: steps[name](batch, advantages), device)
             times[name].append(seconds)
             mems[name].append(mib)
     med = {k: statistics.median(v) for k, v in times.items()}
+    config = ours.llm.config
+    heads = config.num_attention_heads
+    flops = step_flops(params, config.num_hidden_layers,
+                       heads * (getattr(config, 'head_dim', None) or config.hidden_size // heads),
+                       (prompt_len + response_len).tolist())
+    peak = a.peak_tflops or (peak_bf16_tflops(info['device']) if info else None)
+    print(f'useful FLOPs of the step: {flops:.4g} (8 N per real token + causal attention; '
+          f'benchmarks/bench_rl_step.py docstring); peak '
+          f'{f"{peak:g} TFLOP/s" if peak else "unknown (no MFU)"}')
     for name in names:
+        mfu = f'  mfu={flops / med[name] / (peak * 1e12):.4f}' if peak else ''
         print(f'{name:<7} median_s={med[name]:.3f} (min {min(times[name]):.3f}, max '
               f'{max(times[name]):.3f})  tokens_per_s={real / med[name]:.0f}  '
-              f'peak_extra_mib={max(mems[name]):.0f}')
+              f'peak_extra_mib={max(mems[name]):.0f}{mfu}')
     if a.rollout_tokens > 0:
         tokens, seconds = time_rollout(ours, batch, a.rollout_tokens)
         print(f'rollout  HFRolloutBackend {len(batch)} prompts x {a.rollout_tokens} new tokens: '

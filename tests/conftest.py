@@ -91,3 +91,14 @@ def smollm2_dir(tmp_path_factory) -> Path:
         pytest.fail(f'tools/prepare_smollm2.py failed:\n{proc.stdout[-3000:]}\n'
                     f'{proc.stderr[-3000:]}')
     return out
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f'needs CUDA: torch {torch.__version__} sees no CUDA device '
+                                   '(torch.cuda.is_available() is False)')
+    for item in items:
+        if item.get_closest_marker('gpu') is not None:
+            item.add_marker(skip)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ['all_reduce', 'all_reduce_sum', 'backend_devices', 'collective_device',
-           'dist_rank', 'dist_world_size']
+           'dist_rank', 'dist_world_size', 'reduce_in_group']
 
 
 def dist_world_size() -> int:
@@ -119,17 +119,30 @@ def all_reduce(tensor: torch.Tensor, op: str = 'sum') -> torch.Tensor:
         ``tensor`` itself (reduced in place) when it was already on the right
         device, else a new tensor on ``tensor.device``.
     """
-    ops = {'sum': dist.ReduceOp.SUM, 'max': dist.ReduceOp.MAX, 'min': dist.ReduceOp.MIN}
-    if op not in ops:
-        raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}")
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
     if dist_world_size() <= 1:
         return tensor
+    return reduce_in_group(tensor, op)
+
+
+_OPS = {'sum': dist.ReduceOp.SUM, 'max': dist.ReduceOp.MAX, 'min': dist.ReduceOp.MIN}
+
+
+def reduce_in_group(tensor: torch.Tensor, op: str = 'sum') -> torch.Tensor:
+    """The collective of :func:`all_reduce` in the default group, whatever its size.
+
+    Runs on the device :func:`collective_device` picks for the group's backend and
+    returns the result on ``tensor.device`` (``tensor`` itself when no copy was needed).
+    :func:`all_reduce` skips it for a single process; the GPU checks call it in a
+    one-rank NCCL group to run the real path.
+    """
     device = collective_device(str(dist.get_backend()), tensor.device)
     if device == tensor.device:
-        dist.all_reduce(tensor, op=ops[op])
+        dist.all_reduce(tensor, op=_OPS[op])
         return tensor
     moved = tensor.to(device)
-    dist.all_reduce(moved, op=ops[op])
+    dist.all_reduce(moved, op=_OPS[op])
     return moved.to(tensor.device)
 
 

@@ -52,7 +52,9 @@ def write_config(tmp_path: Path, base: str = 'gepo_tiny_cpu.py', extra: str = ''
 def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[str] | None = None,
           timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
     """Runs xtuner's training entry point for real and returns the finished process."""
-    env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=str(ROOT))
+    # the checkout first; packages installed beside the interpreter with --target stay found
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH'))))
+    env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path)
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)  # as a user's shell: torch's default loads
     cmd = (launcher or [sys.executable, '-m', 'xtuner.tools.train']) + [
         str(cfg), '--work-dir', str(work_dir), '--cfg-options', *FAST, *options]

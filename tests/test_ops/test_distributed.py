@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gepo_xtuner.ops.distributed import (all_reduce, all_reduce_sum, backend_devices,
-                                         collective_device)
+                                         collective_device, reduce_in_group)
 
 
 @pytest.mark.parametrize('backend,tensor,expected', [
@@ -64,3 +64,14 @@ def test_two_gloo_ranks_reduce(tmp_path):
     mp.spawn(_worker, args=(port, str(tmp_path / 'r')), nprocs=2, join=True)
     for rank in (0, 1):
         assert torch.load(tmp_path / f'r.{rank}') == dict(sum=3.0, max=3.0, min=0.0)
+
+
+def test_reduce_in_group_runs_the_collective_in_a_one_rank_group(tmp_path):
+    """The path all_reduce skips for one process (the GPU checks run it under NCCL)."""
+    dist.init_process_group('gloo', init_method=f'file://{tmp_path / "store"}', rank=0,
+                            world_size=1)
+    try:
+        t = torch.tensor([1.5, -2.0], dtype=torch.float64)
+        assert reduce_in_group(t, 'max') is t and t.tolist() == [1.5, -2.0]
+    finally:
+        dist.destroy_process_group()

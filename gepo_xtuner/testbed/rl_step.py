@@ -1,0 +1,120 @@
+"""One RL step's trainer side outside a runner: a Qwen2 built from a config, a workload of
+ragged responses and the loop's own old-logprob pass and update on them.
+
+``benchmarks/bench_rl_step.py`` times these; the GPU tests (``tests/test_gpu``) run them
+on CUDA. The step is the RL loop's code itself (``RLTrainLoop._old_logprobs`` and
+``RLTrainLoop._update``: ``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``), given
+the few loop fields it reads by :func:`loop_fields`.
+"""
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+__all__ = ['QWEN2_0_5B', 'build_qwen2', 'workload', 'loop_fields', 'rl_step']
+
+QWEN2_0_5B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=4864, vocab_size=151936)
+"""The layer shapes of Qwen2.5-0.5B (494M parameters with its vocabulary, tied head)."""
+
+
+def build_qwen2(path: Path, vocab: int, hidden: int, layers: int, *, heads: int | None = None,
+                kv_heads: int | None = None, intermediate: int | None = None,
+                seed: int = 0, max_positions: int = 4096, dtype: torch.dtype = torch.float32,
+                **overrides: Any) -> int:
+    """Writes a randomly initialised Qwen2 and the character tokenizer to ``path``.
+
+    Args:
+        path: the model directory to write (``from_pretrained`` loads it).
+        vocab: embedding rows; ids the tokenizer lacks decode to nothing.
+        hidden, layers: width and depth.
+        heads, kv_heads: attention heads (default ``hidden // 64``) and key/value heads
+            (default: ``heads``).
+        intermediate: MLP width (default ``hidden * 11 // 4``).
+        seed: the weights are a pure function of it and the shapes.
+        max_positions: ``max_position_embeddings``.
+        dtype: the dtype the weights are saved in (and the config's ``torch_dtype``).
+        **overrides: any other :class:`~transformers.Qwen2Config` field (e.g. a larger
+            ``initializer_range`` for peaked, context-dependent logits).
+
+    Returns:
+        The number of parameters (the tied head counted once).
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from .tiny import build_char_tokenizer
+    heads = heads or max(1, hidden // 64)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+                         intermediate_size=intermediate or hidden * 11 // 4,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.to(dtype).save_pretrained(path)
+    build_char_tokenizer().save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed: int,
+             prompt_lengths: tuple[int, int] = (6, 14)) -> tuple[Any, torch.Tensor]:
+    """``n`` responses of log-normal length and their prompts, as the loop batches them.
+
+    Args:
+        n: responses (one per prompt).
+        median, sigma: response length ``exp(log(median) + sigma * z)``, rounded and
+            clamped to ``[2, max_len]``.
+        max_len: the longest response.
+        vocab: token ids are drawn from ``[4, vocab)`` (ids 0-3 are special).
+        seed: everything is a pure function of it.
+        prompt_lengths: prompt lengths in tokens, drawn uniformly (inclusive).
+
+    Returns:
+        ``(ResponseBatch, advantages (n,))``: rollout logprobs 0, advantages standard normal.
+    """
+    from ..engine.batching import build_response_batch
+    from ..rollout import RolloutSample
+    gen = torch.Generator().manual_seed(seed)
+    prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (n, ), generator=gen)
+    length = torch.exp(math.log(median) + sigma * torch.randn(n, generator=gen))
+    length = length.round().long().clamp(2, max_len)
+    prompts = [torch.randint(4, vocab, (int(p), ), generator=gen).tolist() for p in prompt_len]
+    samples = [[RolloutSample(torch.randint(4, vocab, (int(r), ), generator=gen).tolist(),
+                              [0.0] * int(r), 'stop')] for r in length]
+    batch = build_response_batch(prompts, samples, pad_token_id=0)
+    return batch, torch.randn(n, generator=gen)
+
+
+def loop_fields(policy: Any, max_tokens: int, minibatch: int, lr: float = 1e-6) -> Any:
+    """What ``RLTrainLoop._old_logprobs`` / ``_update`` read from the loop, for one process:
+    AdamW (betas 0.9/0.99) with gradient clipping at 1, one PPO epoch, temperature 1."""
+    from mmengine.optim import OptimWrapper
+
+    from ..rollout import SamplingParams
+    optim = OptimWrapper(torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.99)),
+                         clip_grad=dict(max_norm=1.0))
+    return SimpleNamespace(policy=policy, runner=SimpleNamespace(model=policy, optim_wrapper=optim),
+                           logprob_max_tokens=max_tokens, max_tokens=max_tokens,
+                           minibatch_size=minibatch, ppo_epochs=1,
+                           kept_rows='full_minibatches', _prime_buckets=False,
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=4096))
+
+
+def rl_step(loop: Any, batch: Any, advantages: torch.Tensor) -> dict[str, float]:
+    """The loop's old-logprob pass, then its update (one optimizer step per minibatch).
+
+    Args:
+        loop: :func:`loop_fields` (or an ``RLTrainLoop``).
+        batch: the step's ``ResponseBatch`` (on the CPU; the loop moves micro-batches).
+        advantages: ``(N,)``.
+
+    Returns:
+        The update's metrics (``optim/grad_norm``, ``loss/pg``, ...).
+    """
+    from ..engine.loop import RLTrainLoop
+    old, _ = RLTrainLoop._old_logprobs(loop, batch)
+    return RLTrainLoop._update(loop, batch, old, advantages, None)
