@@ -27,11 +27,11 @@ def test_short_run_learns_logs_and_checkpoints(tmp_path, tiny_dir):
     logged = scalars(work)
     assert set(range(1, 5)) <= set(logged)
     step = logged[4]
-    for key in ('reward/mean', 'entropy/group_mean', 'gepo/h_low', 'gepo/h_high', 'loss/pg',
+    for key in ('reward/mean', 'entropy/group_nll_mean', 'gepo/h_low', 'gepo/h_high', 'loss/pg',
                 'loss/clipfrac', 'loss/approx_kl', 'entropy/policy', 'time/rollout',
                 'time/reward', 'time/update', 'time/sync', 'perf/gen_tokens_per_sec'):
         assert key in step and math.isfinite(step[key]), key
-    assert any(k.startswith('entropy/group/') for k in step)
+    assert any(k.startswith('entropy/group_nll/') for k in step)
     assert any(k.startswith('reward/mean/') for k in step)
     assert 'val/acc' in logged[0] and 'val/acc' in logged[4]
     assert any(0 < logged[s]['reward/mean'] < 1 for s in range(1, 5))  # signal existed
@@ -186,7 +186,7 @@ def test_aepo_trains_kept_rows_in_fewer_full_minibatches(tmp_path, tiny_dir):
     """)
     work = tmp_path / 'run'
     train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_dataloader.batch_size=8',
-          'train_cfg.minibatch_size=8', 'train_cfg.val.interval=100')
+          'train_cfg.minibatch_responses_per_rank=8', 'train_cfg.val.interval=100')
     responses, minibatch = 8 * 4, 8
     logged = scalars(work)
     kept_per_step = []

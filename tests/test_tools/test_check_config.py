@@ -142,7 +142,7 @@ def test_paper_settings_section_3_1(path, monkeypatch):
     assert loop.sampling.temperature == 1.0 and loop.sampling.top_p == 1.0
     assert loop.sampling.top_k == 0
     assert cfg.train_dataloader.batch_size * 8 == 256  # "batch size of 256" (prompts)
-    assert loop.minibatch_size * 8 == 32 * 16  # "minibatch size of 32" (prompts)
+    assert loop.minibatch_responses_per_rank * 8 == 32 * 16  # "minibatch size of 32" (prompts)
     assert 'accumulative_counts' not in cfg.optim_wrapper  # the loop accumulates
     assert loop.max_tokens_per_micro_batch in (20480, 30720)
     assert cfg.model.torch_dtype == 'bfloat16'
@@ -197,7 +197,7 @@ def test_baselines_use_the_authors_qwen2_5_7b_parameters(monkeypatch):
 def test_global_batch_is_256_prompts_at_any_world_size(world_size, monkeypatch):
     cfg = load(ROOT / 'configs' / 'gepo_intern_s1_mini.py', monkeypatch, world_size)
     assert cfg.train_dataloader.batch_size * world_size == 256
-    assert cfg.train_cfg.minibatch_size * world_size == 512
+    assert cfg.train_cfg.minibatch_responses_per_rank * world_size == 512
 
 
 def test_a_world_size_that_cannot_split_the_batch_is_refused(locations):
