@@ -256,6 +256,15 @@ def test_wrapper_accumulation_and_fixed_micro_batches_are_refused(locations):
     assert "RLTrainLoop: got an unexpected keyword argument 'micro_batch_size'" in proc.stdout
 
 
+def test_a_renamed_key_is_named_with_its_new_name(locations):
+    proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
+                 'train_cfg.minibatch_size=8', env=locations)
+    assert proc.returncode == 1
+    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'minibatch_size' "
+            '(train_cfg.minibatch_size was renamed: use train_cfg.minibatch_responses_per_rank)'
+            ) in proc.stdout
+
+
 def test_a_misspelt_argument_is_named(locations, tmp_path):
     cfg = tmp_path / 'typo.py'
     cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'grpo_tiny_cpu.py'}']\n"
@@ -263,8 +272,8 @@ def test_a_misspelt_argument_is_named(locations, tmp_path):
                    "model = dict(torch_dtype='bf16')\n")
     proc = check(cfg, env=locations)
     assert proc.returncode == 1
-    assert "train_cfg: RLTrainLoop: got an unexpected keyword argument 'num_response'" \
-        in proc.stdout
+    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'num_response' (did "
+            'you mean train_cfg.num_responses?)') in proc.stdout
     assert "model.torch_dtype: 'bf16' is not a torch dtype name" in proc.stdout
 
 
