@@ -86,13 +86,12 @@ class _BitsandbytesLookupHook:
         # the regular finders load the module
 
 
-def _installed() -> list[object]:
-    return [f for f in sys.meta_path if isinstance(f, _BitsandbytesLookupHook)]
+_HOOK = _BitsandbytesLookupHook()
 
 
 def install() -> bool:
-    """Puts the hook first on ``sys.meta_path``, or sets the filter now if bitsandbytes is
-    already loaded (its notice is then already printed; later ones, none, are covered).
+    """Puts the hook first on ``sys.meta_path``, or sets the filter at once if bitsandbytes
+    is already loaded (its notice, printed at load, then went out already).
 
     Returns:
         Whether the hook is now installed.
@@ -100,18 +99,15 @@ def install() -> bool:
     if 'bitsandbytes' in sys.modules:
         _add_filter()
         return False
-    if not _installed():
-        sys.meta_path.insert(0, _BitsandbytesLookupHook())
+    if _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
     return True
 
 
 def uninstall() -> None:
     """Removes the hook and the filter (no error if they are not there)."""
-    for finder in _installed():
-        try:
-            sys.meta_path.remove(finder)
-        except ValueError:  # another thread removed it first
-            pass
+    sys.meta_path[:] = [f for f in sys.meta_path if f is not _HOOK]
+    _HOOK.done = False
     if 'logging' in sys.modules:
         import logging
         logger = logging.getLogger(LOGGER)

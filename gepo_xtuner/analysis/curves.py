@@ -73,7 +73,7 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     for style, series in shaping.items():
         for name, (xs, ys) in sorted(series.items()):
             ax_s.plot(xs, ys, color=colors[name], ls=style)
-    ax_h.set_ylabel('group entropy $\\mathcal{H}_g$ (nats/token)')
+    ax_h.set_ylabel('group entropy $\\mathcal{H}_g$: sampled-token NLL (nats/token)')
     ax_r.set_ylabel('training reward (mean)')
     ax_s.set_ylabel('share of responses shaped')
     ax_v.set_ylabel('validation accuracy')

@@ -351,7 +351,7 @@ def plot_figures(histories: dict[str, list[list[dict]]], methods: Sequence[str],
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(methods):]:
         ax.axis('off')
-    axes[0][0].set_ylabel('group entropy')
+    axes[0][0].set_ylabel('group entropy (sampled-token NLL)')
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f'Figure 5: per-domain group entropy (mean ± std over seeds, {smooth}-step '
                  'mean)')
