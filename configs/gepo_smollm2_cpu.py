@@ -37,7 +37,7 @@ train_cfg = dict(
     type='RLTrainLoop',
     max_steps=6,
     num_responses=num_responses,
-    rollout=dict(type='HFRolloutBackend', batch_size=64),
+    rollout=dict(type='HFRolloutBackend', max_sequences_per_call=64),
     advantage={{_base_.advantage}},
     rewards=dict(
         math=dict(type='MathReward'),

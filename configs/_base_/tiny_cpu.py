@@ -30,7 +30,7 @@ train_cfg = dict(
     type='RLTrainLoop',
     max_steps=150,
     num_responses=num_responses,
-    rollout=dict(type='HFRolloutBackend', batch_size=256),
+    rollout=dict(type='HFRolloutBackend', max_sequences_per_call=256),
     advantage=dict(type='GEPOAdvantage'),  # set by the experiment config
     rewards=dict(default=dict(type='ExactMatchReward')),
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=20),  # answers <= 16 chars

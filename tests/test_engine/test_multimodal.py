@@ -165,7 +165,7 @@ def test_rollout_and_trainer_score_the_same_image_conditioned_context(vl_dir, po
     recs.append({'id': 'text', 'domain': 'd',
                  'messages': [{'role': 'user', 'content': 'what colour is the sky?'}]})
     requests = [encode_request(r, tok, proc) for r in recs]
-    backend = HFRolloutBackend(batch_size=7)  # batches straddle prompts
+    backend = HFRolloutBackend(max_sequences_per_call=7)  # batches straddle prompts
     backend.attach(policy.llm, tok)
     assert set(backend.suppress) == set(placeholder_token_ids(policy.llm.config)) != set()
     torch.manual_seed(0)
