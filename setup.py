@@ -7,14 +7,18 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
 
-# Start-up hook that lets xtuner 0.2.0 import under transformers 5 (docs/transformers5.md):
-# a .pth file at the top of site-packages whose one line runs at interpreter start-up.
-STARTUP_PTH = 'gepo_xtuner_transformers5.pth'
-STARTUP_LINE = 'import _gepo_xtuner_transformers5; _gepo_xtuner_transformers5.install()\n'
+# Start-up hooks, each a .pth file at the top of site-packages whose one line runs at
+# interpreter start-up: xtuner 0.2.0 importable under transformers 5 (docs/transformers5.md),
+# and bitsandbytes' CPU-build notice kept off the console without a GPU (_gepo_xtuner_quiet.py).
+STARTUP_HOOKS = {
+    'gepo_xtuner_transformers5.pth':
+        'import _gepo_xtuner_transformers5; _gepo_xtuner_transformers5.install()\n',
+    'gepo_xtuner_quiet.pth': 'import _gepo_xtuner_quiet; _gepo_xtuner_quiet.install()\n',
+}
 
 
 class BuildPyWithStartupHook(build_py):
-    """``build_py`` that also writes :data:`STARTUP_PTH` to the root of the wheel."""
+    """``build_py`` that also writes :data:`STARTUP_HOOKS` to the root of the wheel."""
 
     def run(self) -> None:
         super().run()
@@ -24,9 +28,10 @@ class BuildPyWithStartupHook(build_py):
         root = (self.get_finalized_command('install').install_lib if self.editable_mode
                 else self.build_lib)
         self.mkpath(root)
-        path = Path(root, STARTUP_PTH)
-        path.write_text(STARTUP_LINE, encoding='utf-8')
-        self._startup_outputs = [] if self.editable_mode else [str(path)]
+        paths = [Path(root, name) for name in STARTUP_HOOKS]
+        for path in paths:
+            path.write_text(STARTUP_HOOKS[path.name], encoding='utf-8')
+        self._startup_outputs = [] if self.editable_mode else [str(p) for p in paths]
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         return [*super().get_outputs(include_bytecode), *getattr(self, '_startup_outputs', [])]
@@ -42,7 +47,7 @@ setup(
     license='Apache-2.0',
     python_requires='>=3.10',
     packages=find_packages(include=['gepo_xtuner', 'gepo_xtuner.*']),
-    py_modules=['_gepo_xtuner_transformers5', 'gepo_xtuner_launch'],
+    py_modules=['_gepo_xtuner_transformers5', '_gepo_xtuner_quiet', 'gepo_xtuner_launch'],
     # `gepo-train CONFIG`: xtuner's training program with this interpreter, its exit
     # status, signals forwarded, stopped when the launcher dies (gepo_xtuner_launch.py)
     entry_points={'console_scripts': ['gepo-train = gepo_xtuner_launch:main']},

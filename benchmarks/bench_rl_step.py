@@ -222,7 +222,7 @@ def make_trl_step(model_dir: Path, rows: int, work: Path) -> Step:
 def time_rollout(policy: Any, batch: Any, new_tokens: int) -> tuple[int, float]:
     """``(generated tokens, seconds)`` of sampling ``new_tokens`` for each workload prompt."""
     from gepo_xtuner.rollout import HFRolloutBackend, RolloutRequest, SamplingParams
-    backend = HFRolloutBackend(batch_size=64)
+    backend = HFRolloutBackend(max_sequences_per_call=64)
     backend.attach(policy.llm, policy.tokenizer)
     width = batch.input_ids.shape[1] - batch.response_width
     requests = [RolloutRequest(input_ids=row[:width][mask[:width].bool()].tolist())

@@ -137,11 +137,12 @@ def build_trl(cfg: Any, tiny: Path, records: list[dict], steps: int, work: Path,
     from trl import GRPOConfig, GRPOTrainer
     from gepo_xtuner.reward import ExactMatchReward
     tc, opt, reward = cfg.train_cfg, cfg.optim_wrapper.optimizer, ExactMatchReward()
-    per_gen = cfg.train_dataloader.batch_size * tc.num_responses // tc.minibatch_size
+    per_rank = tc.minibatch_responses_per_rank
+    per_gen = cfg.train_dataloader.batch_size * tc.num_responses // per_rank
     args = GRPOConfig(
         output_dir=str(work / 'trl'), use_cpu=True, bf16=False, fp16=False,
         gradient_checkpointing=False, optim='adamw_torch', seed=cfg.randomness.seed,
-        per_device_train_batch_size=tc.minibatch_size, gradient_accumulation_steps=1,
+        per_device_train_batch_size=per_rank, gradient_accumulation_steps=1,
         steps_per_generation=per_gen, num_iterations=tc.ppo_epochs,
         num_generations=tc.num_responses, max_completion_length=tc.sampling.max_new_tokens,
         temperature=tc.sampling.temperature, top_p=tc.sampling.top_p, top_k=tc.sampling.top_k,
@@ -225,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         fns['trl'] = build_trl(cfg, tiny, records, total, work, gates['trl']).train
     print(f'workload: model={tiny / "model"} B={cfg.train_dataloader.batch_size} '
           f'K={tc.num_responses} max_new_tokens={tc.sampling.max_new_tokens} temperature='
-          f'{tc.sampling.temperature} minibatch={tc.minibatch_size} '
+          f'{tc.sampling.temperature} minibatch={tc.minibatch_responses_per_rank} '
           f'lr={cfg.optim_wrapper.optimizer.lr} threads={a.threads} fp32 cpu; schedule: '
           f'{a.warmup} warm-up + {a.rounds} alternating blocks of {a.steps} steps per side')
     for name, gate in gates.items():

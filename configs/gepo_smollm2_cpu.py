@@ -37,7 +37,7 @@ train_cfg = dict(
     type='RLTrainLoop',
     max_steps=6,
     num_responses=num_responses,
-    rollout=dict(type='HFRolloutBackend', batch_size=64),
+    rollout=dict(type='HFRolloutBackend', max_sequences_per_call=64),
     advantage={{_base_.advantage}},
     rewards=dict(
         math=dict(type='MathReward'),
@@ -48,7 +48,8 @@ train_cfg = dict(
     prompt_template=('<|im_start|>system\nAnswer briefly. End a math answer with "#### " and '
                      'the number.<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n'
                      '<|im_start|>assistant\n'),
-    minibatch_size=prompts_per_step * num_responses,  # one optimizer step per RL step
+    # one optimizer step per RL step
+    minibatch_responses_per_rank=prompts_per_step * num_responses,
     ppo_epochs=1,
     max_tokens_per_micro_batch=1024,
     # greedy validation on held-out files, before the first step and after the last

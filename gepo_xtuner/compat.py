@@ -19,6 +19,11 @@ shim                                       acts only in
                                            hook, because XTuner imports it before any
                                            config can import this package
                                            (docs/transformers5.md)
+``_gepo_xtuner_quiet`` (top level)         the first lookup of ``bitsandbytes`` in a
+                                           process: filters its "compiled without GPU
+                                           support" notice out of its logger while torch
+                                           sees no CUDA device; a start-up hook for the
+                                           same reason (``mmengine.optim`` imports it)
 =========================================  ==============================================
 
 :func:`apply_xtuner_train_shims` is what ``import gepo_xtuner`` calls; it returns at

@@ -134,6 +134,8 @@ def test_both_wheels_install_the_startup_hook(tmp_path, kind):
     top = _wheel_members(wheel)
     line = top['gepo_xtuner_transformers5.pth'].decode()
     assert line == 'import _gepo_xtuner_transformers5; _gepo_xtuner_transformers5.install()\n'
+    assert top['gepo_xtuner_quiet.pth'].decode() == (
+        'import _gepo_xtuner_quiet; _gepo_xtuner_quiet.install()\n')
     venv = tmp_path / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True,
                    timeout=120)
@@ -147,7 +149,7 @@ def test_both_wheels_install_the_startup_hook(tmp_path, kind):
         capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
         env={k: v for k, v in os.environ.items() if k != 'PYTHONPATH'})
     assert probe.returncode == 0, probe.stderr
-    assert HOOK_NAME in probe.stdout, probe.stdout
+    assert HOOK_NAME in probe.stdout and '_BitsandbytesLookupHook' in probe.stdout, probe.stdout
 
 
 # ---------------------------------------------------------- transformers 5 (real overlay)

@@ -159,6 +159,8 @@ class Checker:
         args = {k: v for k, v in cfg.items() if k != 'type'}
         try:
             inspect.signature(cls).bind(*leading, **args)
+            if hasattr(cls, 'check_keys'):  # a class taking **unknown to refuse them itself
+                cls.check_keys(args)
         except TypeError as exc:
             self.problem(where, f'{cls.__name__}: {exc}')
 
@@ -444,7 +446,7 @@ class Checker:
         try:  # the loop's own check, with the world size this tool was given
             geometry = StepGeometry(
                 (self.cfg.get('train_dataloader') or {}).get('batch_size'),
-                loop.get('num_responses', 8), loop.get('minibatch_size', 32),
+                loop.get('num_responses', 8), loop.get('minibatch_responses_per_rank', 32),
                 loop.get('ppo_epochs', 1), self.world_size, loop.get('prompts_per_step'),
                 loop.get('minibatch_responses'))
         except ValueError as exc:
@@ -624,7 +626,8 @@ def smoke(args: argparse.Namespace) -> int:
         print(f'  {what:<13} {before} -> {after}')
     print(f'  batch         K={g.num_responses}; {g.prompts_per_rank} prompts per rank x '
           f'{g.world_size} = {g.prompts_per_step} per step (config: '
-          f'{g.config["prompts_per_step"]}); minibatch {g.minibatch_size} responses per rank '
+          f'{g.config["prompts_per_step"]}); minibatch {g.minibatch_responses_per_rank} '
+          'responses per rank '
           f'-> {g.minibatches_per_step} optimizer steps per RL step (config: '
           f'{g.config["minibatches_per_step"]})')
     micro = (f'max_tokens_per_micro_batch {g.max_tokens_per_micro_batch} (~{g.micro_batches} '

@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == 'hf':
         if tokenizer.pad_token_id is None:  # batched generation pads; EOS is never attended
             tokenizer.pad_token = tokenizer.eos_token
-        rollout = HFRolloutBackend(batch_size=args.batch_size * args.n)
+        rollout = HFRolloutBackend(max_sequences_per_call=args.batch_size * args.n)
     else:
         rollout = LMDeployRolloutBackend(server_url=args.server_url, weight_sync=dict(mode='none'),
                                          max_concurrency=args.concurrency)

@@ -97,9 +97,9 @@ train_cfg = dict(
         chart=dict(type='ChartQAReward')),
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_response_tokens),
     prompt_template='{prompt}',  # records hold prompts with the chat template applied
-    minibatch_size=minibatch_per_rank,
+    minibatch_responses_per_rank=minibatch_per_rank,
     prompts_per_step=rollout_batch_prompts,  # checked: batch_size x world size
-    minibatch_responses=minibatch_prompts * num_responses,  # checked: minibatch_size x world
+    minibatch_responses=minibatch_prompts * num_responses,  # checked: per rank x world
     # max_tokens_per_micro_batch: set by the experiment config from its algorithm base
     ppo_epochs=1,
     val=dict(path=data_dir + '/val.jsonl', interval=10))  # greedy; interval not in the paper

@@ -30,12 +30,12 @@ train_cfg = dict(
     type='RLTrainLoop',
     max_steps=150,
     num_responses=num_responses,
-    rollout=dict(type='HFRolloutBackend', batch_size=256),
+    rollout=dict(type='HFRolloutBackend', max_sequences_per_call=256),
     advantage=dict(type='GEPOAdvantage'),  # set by the experiment config
     rewards=dict(default=dict(type='ExactMatchReward')),
     sampling=dict(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=20),  # answers <= 16 chars
     prompt_template='{prompt}=',
-    minibatch_size=128,  # 4 optimizer steps per rollout batch of 64 x 8
+    minibatch_responses_per_rank=128,  # 4 optimizer steps per rollout batch of 64 x 8
     ppo_epochs=1,
     # held-out accuracy at the rollout temperature, 4 samples per prompt (avg@4)
     val=dict(path=tiny_dir + '/data/val.jsonl', interval=25, temperature=1.0, n=4))

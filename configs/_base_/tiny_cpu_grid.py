@@ -12,7 +12,7 @@ train_dataloader = dict(batch_size=32)  # B: 32 prompts per step ...
 train_cfg = dict(
     max_steps=80,
     num_responses=8,  # ... x K = 8 responses
-    minibatch_size=64,  # 4 optimizer steps per RL step
+    minibatch_responses_per_rank=64,  # 4 optimizer steps per RL step
     # all 800 held-out prompts (200 per domain), 2 samples each at temperature 1.0 (avg@2)
     val=dict(interval=20, n=2))
 

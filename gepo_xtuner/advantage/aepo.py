@@ -149,7 +149,7 @@ class AEPOAdvantage(AdvantageShaper):
             removed = ~((adv > 0) & (batch.rewards.to(adv.dtype) > 0))
             adv = torch.where(removed, 0.0, adv)
         none = torch.zeros_like(removed)
-        metrics = {'aepo/batch_entropy': entropy,
+        metrics = {'aepo/batch_policy_entropy': entropy,
                    'aepo/positive_only': float(state.positive_only),
                    'aepo/frac_kept': float(1.0 - removed.double().mean())}
         return Shaping(adv, none, none, removed, metrics=metrics)

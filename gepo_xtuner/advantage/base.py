@@ -314,7 +314,7 @@ class AdvantageProcessor(abc.ABC):
             ent_mean, ent_std, ent.new_tensor(ent.numel()), zero.mean()
         ]).tolist()
         keys = ('adv/mean', 'adv/std', 'adv/abs_mean', *SHAPING_KEYS, 'reward/mean',
-                'entropy/group_mean', 'entropy/group_std', 'count/groups_with_tokens',
+                'entropy/group_nll_mean', 'entropy/group_nll_std', 'count/groups_with_tokens',
                 'adv/frac_zero')
         metrics.update(zip(keys, totals))
         if batch.domain_ids is None:
@@ -338,7 +338,7 @@ class AdvantageProcessor(abc.ABC):
             zero_sum / n.clamp_min(1)
         ], 1).tolist()
         keys = ('count/responses', 'reward/mean', 'adv/skew_raw', 'adv/skew', 'count/groups',
-                'entropy/group', *SHAPING_KEYS, 'response/length', 'adv/frac_zero')
+                'entropy/group_nll', *SHAPING_KEYS, 'response/length', 'adv/frac_zero')
         for name, row in zip(names, table):
             if row[0] == 0:
                 continue

@@ -211,8 +211,8 @@ class GEPOAdvantage(AdvantageShaper):
         metrics = {
             'gepo/h_low': band.low,
             'gepo/h_high': band.high,
-            'gepo/mu': mu,
-            'gepo/sigma': sigma,
+            'gepo/group_nll_mu': mu,
+            'gepo/group_nll_sigma': sigma,
             'gepo/num_groups': float(count),
             'gepo/num_updates': float(state.num_updates),
         }

@@ -32,7 +32,7 @@ def _band(history: list[dict]) -> tuple[list[float], list[float], list[float]]:
 def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Path:
     """Four panels over steps, one colour per domain in all of them.
 
-    1. group entropy ``H_g`` per domain (``entropy/group/<domain>``, the paper's
+    1. group entropy ``H_g`` per domain (``entropy/group_nll/<domain>``, the paper's
        Figures 4-5) with GEPO's band ``[H_low, H_high]`` (``gepo/h_low|h_high``)
        shaded: groups below it have positive advantages damped, groups above it
        negative ones;
@@ -49,7 +49,7 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
         path: the PNG to write.
         title: the figure's title.
     """
-    entropy = _series(history, 'entropy/group/')
+    entropy = _series(history, 'entropy/group_nll/')
     reward = _series(history, 'reward/mean/')
     shaping = {style: {name: xy for name, xy in _series(history, f'shaping/frac_{kind}/').items()
                        if any(xy[1])}  # a share that stays 0 (e.g. GEPO removes none) is not drawn
@@ -73,7 +73,7 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     for style, series in shaping.items():
         for name, (xs, ys) in sorted(series.items()):
             ax_s.plot(xs, ys, color=colors[name], ls=style)
-    ax_h.set_ylabel('group entropy $\\mathcal{H}_g$ (nats/token)')
+    ax_h.set_ylabel('group entropy $\\mathcal{H}_g$: sampled-token NLL (nats/token)')
     ax_r.set_ylabel('training reward (mean)')
     ax_s.set_ylabel('share of responses shaped')
     ax_v.set_ylabel('validation accuracy')

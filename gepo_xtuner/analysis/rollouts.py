@@ -187,8 +187,8 @@ def analyze_rollouts(table: RolloutTable, processor: AdvantageProcessor) -> Anal
                                           num_groups=band.num_groups))
         else:  # no band: the batch's group-entropy statistics
             result.thresholds.append(dict(
-                step=step, h_low=None, h_high=None, mu=m['entropy/group_mean'],
-                sigma=m['entropy/group_std'], num_groups=int(m['count/groups_with_tokens'])))
+                step=step, h_low=None, h_high=None, mu=m['entropy/group_nll_mean'],
+                sigma=m['entropy/group_nll_std'], num_groups=int(m['count/groups_with_tokens'])))
     return result
 
 

@@ -154,17 +154,17 @@ def minibatches(rows: Tensor, count: int, generator: torch.Generator | None = No
 KEPT_ROWS = ('full_minibatches', 'spread')
 
 
-def kept_minibatches(rows: Tensor, kept_total: int, minibatch_size: int, world_size: int,
-                     generator: torch.Generator | None = None) -> list[Tensor]:
+def kept_minibatches(rows: Tensor, kept_total: int, minibatch_responses_per_rank: int,
+                     world_size: int, generator: torch.Generator | None = None) -> list[Tensor]:
     """The kept rows in minibatches of full size: fewer optimizer steps, as AEPO's authors
     trained (verl v0.4 ``dp_actor.update_policy``: ``batch.split(ppo_mini_batch_size)``).
 
-    With ``K`` rows kept over all ranks, every rank takes
-    ``S = ceil(K / (minibatch_size * world_size))`` optimizer steps (0 when nothing is
-    kept: no update, as an empty batch gives none). A rank splits its shuffled rows
-    into blocks of ``b = max(minibatch_size, ceil(k_r / S))`` rows (``k_r`` its own kept
-    rows): full blocks first, the remainder last, then empty blocks up to ``S``. On one
-    rank, or ranks that kept equal shares, ``b = minibatch_size``: the authors' split
+    With ``K`` rows kept over all ranks and ``m = minibatch_responses_per_rank``, every rank
+    takes ``S = ceil(K / (m * world_size))`` optimizer steps (0 when nothing is kept: no
+    update, as an empty batch gives none). A rank splits its shuffled rows into blocks of
+    ``b = max(m, ceil(k_r / S))`` rows (``k_r`` its own kept rows): full blocks first,
+    the remainder last, then empty blocks up to ``S``. On one rank, or ranks that kept
+    equal shares, ``b = m``: the authors' split
     exactly (4096 rows, minibatch 512, 30 % kept: 3 steps of 512, 512 and 205 rows).
     A rank that kept more than its share uses larger blocks rather than leave rows out
     (the authors' code first evens the shares across ranks, dropping at most
@@ -173,17 +173,18 @@ def kept_minibatches(rows: Tensor, kept_total: int, minibatch_size: int, world_s
     Args:
         rows: ``(k_r,)`` long, this rank's kept row indices.
         kept_total: ``K``, kept rows over all ranks (all-reduced).
-        minibatch_size: responses per optimizer step and rank.
+        minibatch_responses_per_rank: responses per optimizer step and rank.
         world_size: data-parallel ranks.
         generator: random source of the shuffle (default: torch's global RNG).
 
     Returns:
         ``S`` index tensors (some possibly empty), the same count on every rank.
     """
-    steps = math.ceil(kept_total / (minibatch_size * world_size))
+    m = minibatch_responses_per_rank
+    steps = math.ceil(kept_total / (m * world_size))
     if steps == 0:
         return []
-    block = max(minibatch_size, math.ceil(len(rows) / steps))
+    block = max(m, math.ceil(len(rows) / steps))
     order = rows[torch.randperm(len(rows), generator=generator)]
     blocks = list(order.split(block))
     return blocks + [rows[:0]] * (steps - len(blocks))

@@ -33,7 +33,7 @@ class StepGeometry:
     Args:
         prompts_per_rank: B, ``train_dataloader.batch_size``.
         num_responses: K, responses per prompt.
-        minibatch_size: responses per optimizer step and rank.
+        minibatch_responses_per_rank: responses per optimizer step and rank.
         ppo_epochs: passes over each rollout batch.
         world_size: P, training processes.
         prompts_per_step: the intended prompts per RL step over all ranks
@@ -48,7 +48,7 @@ class StepGeometry:
 
     prompts_per_rank: int
     num_responses: int
-    minibatch_size: int
+    minibatch_responses_per_rank: int
     ppo_epochs: int = 1
     world_size: int = 1
     prompts_per_step: int | None = None
@@ -56,7 +56,8 @@ class StepGeometry:
 
     def __post_init__(self) -> None:
         sizes = dict(train_dataloader_batch_size=self.prompts_per_rank,
-                     num_responses=self.num_responses, minibatch_size=self.minibatch_size,
+                     num_responses=self.num_responses,
+                     minibatch_responses_per_rank=self.minibatch_responses_per_rank,
                      ppo_epochs=self.ppo_epochs, world_size=self.world_size)
         bad = {k: v for k, v in sizes.items()
                if isinstance(v, bool) or not isinstance(v, int) or v < 1}
@@ -66,8 +67,8 @@ class StepGeometry:
         for name, target, per_rank, key in (
                 ('prompts per RL step', self.prompts_per_step, self.prompts_per_rank,
                  'train_dataloader.batch_size'),
-                ('responses per optimizer step', self.minibatch_responses, self.minibatch_size,
-                 'train_cfg.minibatch_size')):
+                ('responses per optimizer step', self.minibatch_responses,
+                 self.minibatch_responses_per_rank, 'train_cfg.minibatch_responses_per_rank')):
             if target is not None and per_rank * w != target:
                 raise ValueError(
                     f'{w} training processes cannot split the batch evenly: {name} should be '
@@ -81,28 +82,29 @@ class StepGeometry:
 
     @property
     def optimizer_steps(self) -> int:
-        """Optimizer steps per RL step: ``ceil(B*K / minibatch_size) * ppo_epochs``; fewer
-        on steps where the advantage processor removes rows (AEPO's gate, see
+        """Optimizer steps per RL step: ``ceil(B*K / minibatch_responses_per_rank) * ppo_epochs``;
+        fewer on steps where the advantage processor removes rows (AEPO's gate, see
         ``train_cfg.kept_rows``)."""
-        return math.ceil(self.responses_per_rank / self.minibatch_size) * self.ppo_epochs
+        steps = math.ceil(self.responses_per_rank / self.minibatch_responses_per_rank)
+        return steps * self.ppo_epochs
 
     def warnings(self) -> list[str]:
         """Settings that work but probably are not what was meant."""
         out = []
-        n, m = self.responses_per_rank, self.minibatch_size
+        n, m = self.responses_per_rank, self.minibatch_responses_per_rank
         if m > n:
-            out.append(f'train_cfg.minibatch_size ({m}) is larger than the '
+            out.append(f'train_cfg.minibatch_responses_per_rank ({m}) is larger than the '
                        f'{self.prompts_per_rank} x {self.num_responses} = {n} responses of an RL '
                        'step on this rank: every step takes ONE optimizer step over all of '
-                       'them; lower minibatch_size for several')
+                       'them; lower minibatch_responses_per_rank for several')
         elif n % m:
-            out.append(f'train_cfg.minibatch_size: {n} responses per rank do not split into '
-                       f'minibatches of {m}; they are split into equal parts instead')
+            out.append(f'train_cfg.minibatch_responses_per_rank: {n} responses per rank do not '
+                       f'split into minibatches of {m}; they are split into equal parts instead')
         return out
 
     def rows(self, world_source: str = '') -> dict[str, str]:
         """Report lines, name -> value."""
-        w, k = self.world_size, self.num_responses
+        w, k, m = self.world_size, self.num_responses, self.minibatch_responses_per_rank
         source = f' ({world_source})' if world_source else ''
         return {
             'world size': f'{w}{source}',
@@ -110,8 +112,7 @@ class StepGeometry:
                                    f'{self.prompts_per_rank * w}',
             'responses per RL step': f'{self.responses_per_rank} per rank x {w} = '
                                      f'{self.responses_per_rank * w}',
-            'minibatch': f'{self.minibatch_size} responses per rank x {w} = '
-                         f'{self.minibatch_size * w} responses (= {self.minibatch_size * w / k:g} '
-                         'prompts)',
+            'minibatch': f'{m} responses per rank x {w} = {m * w} responses '
+                         f'(= {m * w / k:g} prompts)',
             'optimizer steps per RL step': f'{self.optimizer_steps} (ppo_epochs {self.ppo_epochs})',
         }

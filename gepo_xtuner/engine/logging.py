@@ -7,7 +7,7 @@ from mmengine.visualization import TensorboardVisBackend
 #: The console line: ``(label, metrics)``, shown when the step has all the metrics; two
 #: metrics print as ``a/b``. Shaping shares are of the step's responses.
 SUMMARY = (('reward', ('reward/mean',)), ('val', ('val/acc',)),
-           ('H_group', ('entropy/group_mean',)), ('band', ('gepo/h_low', 'gepo/h_high')),
+           ('H_nll', ('entropy/group_nll_mean',)), ('band', ('gepo/h_low', 'gepo/h_high')),
            ('damped+/-', ('shaping/frac_damped_pos', 'shaping/frac_damped_neg')),
            ('pg', ('loss/pg',)), ('grad_norm', ('optim/grad_norm',)),
            ('s/step', ('time/step',)))
@@ -23,7 +23,7 @@ class RLLogProcessor(LogProcessor):
     With dozens of per-domain metrics per step, mmengine's default line is
     unreadable. The printed line is the step counter, ETA, learning rate and the
     ``summary`` metrics the step has (about 150 characters), e.g.
-    ``Iter(train) [5/8]  eta 1m06s  lr 1e-04  reward 0.273  H_group 0.558  band
+    ``Iter(train) [5/8]  eta 1m06s  lr 1e-04  reward 0.273  H_nll 0.558  band
     0.255/0.432  damped+/- 0.0312/0.141  pg 0.00894  grad_norm 1.26  s/step 9.29``.
 
     The tag (what visualizer backends and ``scalars.json`` get) holds only what

@@ -1,9 +1,11 @@
 """The RL step as an mmengine train loop: rollout -> reward -> advantage -> updates -> sync."""
 
+import difflib
+import inspect
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,6 +33,10 @@ from .run_state import (capture_rng, describe_changes, gather_rank_states, rank_
                         restore_rng, run_settings, seed_streams)
 from .validation import Validator
 
+#: ``train_cfg`` keys of earlier versions -> the key that replaced them (refused with
+#: the new name, see :meth:`RLTrainLoop.check_keys`).
+RENAMED_KEYS = {'minibatch_size': 'minibatch_responses_per_rank'}
+
 
 @LOOPS.register_module()
 class RLTrainLoop(BaseLoop):
@@ -47,8 +53,9 @@ class RLTrainLoop(BaseLoop):
        shaper such as GEPO around one; a shaper's state, e.g. GEPO's thresholds,
        belongs to the loop);
     6. ``ppo_epochs`` passes over the B*K responses in shuffled minibatches of
-       ``minibatch_size``: one optimizer step each (:func:`optimizer_step`), with
-       the gradients of the minibatch's micro-batches accumulated explicitly;
+       ``minibatch_responses_per_rank`` responses: one optimizer step each
+       (:func:`optimizer_step`), with the gradients of the minibatch's micro-batches
+       accumulated explicitly;
     7. hand the new weights to the rollout backend.
 
     Run state: the loop is the one owner of everything that changes during
@@ -87,14 +94,15 @@ class RLTrainLoop(BaseLoop):
             (records with chat ``messages`` use the tokenizer's chat template instead).
             Records with ``images`` go through the policy's processor, see
             :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
-        minibatch_size: responses per optimizer step and rank (the paper's minibatch
-            of 32 prompts x K=16 is 512 responses over all ranks). The number of
-            optimizer steps per pass is ``ceil(B*K / minibatch_size)``, or fewer on
-            steps where the advantage processor removed rows (``kept_rows``).
+        minibatch_responses_per_rank: responses per optimizer step on one rank (the
+            paper's minibatch of 32 prompts x K=16 is 512 responses over all ranks).
+            Optimizer steps per pass: ``ceil(B*K / minibatch_responses_per_rank)``, or fewer
+            on steps where the advantage processor removed rows (``kept_rows``).
         kept_rows: how the rows are trained when the advantage processor removed some
             (AEPO while its gate is on): ``'full_minibatches'`` (default, as AEPO's
-            authors ran it on verl: the kept rows in minibatches of ``minibatch_size``,
-            so fewer optimizer steps of full size, see :func:`kept_minibatches`) or
+            authors ran it on verl: the kept rows in minibatches of
+            ``minibatch_responses_per_rank``, so fewer optimizer steps of full size, see
+            :func:`kept_minibatches`) or
             ``'spread'`` (the step count of the full batch, kept rows spread over it:
             more, smaller optimizer steps).
         max_tokens_per_micro_batch: token budget of one forward/backward: a
@@ -119,21 +127,24 @@ class RLTrainLoop(BaseLoop):
         prompts_per_step, minibatch_responses: the intended prompts per RL step and
             responses per optimizer step over ALL ranks; when set, a world size that
             does not split them evenly is refused (:class:`StepGeometry`).
+        **unknown: keys the loop does not take: refused by :meth:`check_keys`, with
+            the key that replaced a renamed one, or the closest accepted key.
     """
 
     def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
                  rewards: dict, num_responses: int = 8, sampling: dict | None = None,
-                 prompt_template: str = '{prompt}', minibatch_size: int = 32,
+                 prompt_template: str = '{prompt}', minibatch_responses_per_rank: int = 32,
                  max_tokens_per_micro_batch: int | None = None,
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
                  prompts_per_step: int | None = None, minibatch_responses: int | None = None,
-                 kept_rows: str = 'full_minibatches') -> None:
+                 kept_rows: str = 'full_minibatches', **unknown: Any) -> None:
+        self.check_keys(unknown)
         super().__init__(runner, dataloader)
-        if max_steps < 1 or num_responses < 1 or minibatch_size < 1 or ppo_epochs < 1:
-            raise ValueError('RLTrainLoop needs max_steps, num_responses, minibatch_size and '
-                             f'ppo_epochs >= 1, got {max_steps}, {num_responses}, '
-                             f'{minibatch_size}, {ppo_epochs}')
+        if min(max_steps, num_responses, minibatch_responses_per_rank, ppo_epochs) < 1:
+            raise ValueError('RLTrainLoop needs max_steps, num_responses, '
+                             f'minibatch_responses_per_rank and ppo_epochs >= 1, got {max_steps}, '
+                             f'{num_responses}, {minibatch_responses_per_rank}, {ppo_epochs}')
         for name, value in (('max_tokens_per_micro_batch', max_tokens_per_micro_batch),
                             ('logprob_max_tokens_per_micro_batch',
                              logprob_max_tokens_per_micro_batch)):
@@ -148,7 +159,7 @@ class RLTrainLoop(BaseLoop):
         self._max_epochs = 1
         self._epoch = 0
         self._iter = 0
-        self.minibatch_size = minibatch_size
+        self.minibatch_responses_per_rank = minibatch_responses_per_rank
         self.max_tokens = max_tokens_per_micro_batch
         self.logprob_max_tokens = logprob_max_tokens_per_micro_batch or max_tokens_per_micro_batch
         self.ppo_epochs = ppo_epochs
@@ -157,8 +168,9 @@ class RLTrainLoop(BaseLoop):
         check_group_size(self.advantage, num_responses)
         prompts = getattr(self.dataloader, 'batch_size', None)
         if isinstance(prompts, int):  # None with a custom batch sampler: sizes vary
-            geometry = StepGeometry(prompts, num_responses, minibatch_size, ppo_epochs,
-                                    dist_world_size(), prompts_per_step, minibatch_responses)
+            geometry = StepGeometry(prompts, num_responses, minibatch_responses_per_rank,
+                                    ppo_epochs, dist_world_size(), prompts_per_step,
+                                    minibatch_responses)
             for warning in geometry.warnings():
                 print_log(warning, logger='current', level=logging.WARNING)
         self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
@@ -181,15 +193,41 @@ class RLTrainLoop(BaseLoop):
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
         # what a checkpoint's steps mean; compared on --resume
         self.settings = run_settings(num_responses=num_responses, prompts_per_rank=prompts,
-                                     minibatch_size=minibatch_size, ppo_epochs=ppo_epochs,
-                                     world_size=dist_world_size(), max_steps=max_steps,
-                                     advantage=advantage, kept_rows=kept_rows)
+                                     minibatch_responses_per_rank=minibatch_responses_per_rank,
+                                     ppo_epochs=ppo_epochs, world_size=dist_world_size(),
+                                     max_steps=max_steps, advantage=advantage,
+                                     kept_rows=kept_rows)
         self._rank_states: list[dict[str, Any]] | None = None  # every rank's, after a step
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
+
+    @classmethod
+    def check_keys(cls, keys: Iterable[str]) -> None:
+        """Refuses ``train_cfg`` keys the loop does not take, saying what was meant.
+
+        Raises:
+            TypeError: for each unknown key, the key that replaced it
+                (:data:`RENAMED_KEYS`) or the closest key the loop takes.
+        """
+        params = inspect.signature(cls.__init__).parameters
+        accepted = [name for name, p in params.items() if p.kind is not p.VAR_KEYWORD
+                    and name not in ('self', 'runner', 'dataloader')]
+        unknown = [key for key in keys if key not in accepted and key != 'type']
+        if not unknown:
+            return
+        hints = []
+        for key in unknown:
+            if key in RENAMED_KEYS:
+                hints.append(f'train_cfg.{key} was renamed: use train_cfg.{RENAMED_KEYS[key]}')
+            elif close := difflib.get_close_matches(key, accepted, n=1):
+                hints.append(f'did you mean train_cfg.{close[0]}?')
+        names = ', '.join(repr(key) for key in unknown)
+        plural = 's' if len(unknown) > 1 else ''
+        raise TypeError(f'got an unexpected keyword argument{plural} {names}'
+                        + (f' ({"; ".join(hints)})' if hints else ''))
 
     # what mmengine's runner and hooks read of a loop
     max_epochs = property(lambda self: self._max_epochs)
@@ -476,24 +514,24 @@ class RLTrainLoop(BaseLoop):
 
         Rows an advantage processor did not keep (``keep`` False) are in no
         minibatch and no denominator. Every rank takes the same number of steps per
-        pass: ``ceil(N / minibatch_size)``, or, when rows were removed on any rank and
-        ``kept_rows='full_minibatches'``, that of :func:`kept_minibatches` (fewer
+        pass: ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any
+        rank and ``kept_rows='full_minibatches'``, that of :func:`kept_minibatches` (fewer
         steps of full size; none when nothing is kept). A rank whose minibatch is empty
         still runs one zero-weighted micro-batch, so that the gradient all-reduce
         of data-parallel training meets on every rank (under DeepSpeed ZeRO, which
         reduces at every backward, as many as the rank with the most).
         """
-        world = dist_world_size()
+        world, per_rank = dist_world_size(), self.minibatch_responses_per_rank
         rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
         prompt_len, response_len = batch.lengths()
         n_total, kept_total = (int(v) for v in all_reduce(
             torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
         if self.kept_rows == 'full_minibatches' and kept_total < n_total:
             def plan() -> list[torch.Tensor]:
-                return kept_minibatches(rows, kept_total, self.minibatch_size, world)
+                return kept_minibatches(rows, kept_total, per_rank, world)
         else:
             def plan() -> list[torch.Tensor]:
-                return minibatches(rows, math.ceil(len(batch) / self.minibatch_size))
+                return minibatches(rows, math.ceil(len(batch) / per_rank))
         if self._prime_buckets:
             self._prime_buckets = False
             empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages,

@@ -99,13 +99,14 @@ def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str 
            f'the streams of ranks {world}..{len(ranks) - 1} are dropped.'))
 
 
-def run_settings(*, num_responses: int, prompts_per_rank: Any, minibatch_size: int,
-                 ppo_epochs: int, world_size: int, max_steps: int, advantage: Any,
-                 kept_rows: str) -> dict[str, Any]:
+def run_settings(*, num_responses: int, prompts_per_rank: Any,
+                 minibatch_responses_per_rank: int, ppo_epochs: int, world_size: int,
+                 max_steps: int, advantage: Any, kept_rows: str) -> dict[str, Any]:
     """The settings a checkpoint's steps were taken under (plain values, comparable)."""
     return dict(num_responses=num_responses, prompts_per_rank=prompts_per_rank,
-                minibatch_size=minibatch_size, ppo_epochs=ppo_epochs, world_size=world_size,
-                max_steps=max_steps, advantage=_plain(advantage), kept_rows=kept_rows)
+                minibatch_responses_per_rank=minibatch_responses_per_rank, ppo_epochs=ppo_epochs,
+                world_size=world_size, max_steps=max_steps, advantage=_plain(advantage),
+                kept_rows=kept_rows)
 
 
 def _plain(value: Any) -> Any:
@@ -134,7 +135,7 @@ MEANINGS = {
     'world_size': (
         '{new} training processes instead of {old}: the global batch changes in proportion '
         'and the ranks\' prompt shares differ'),
-    'minibatch_size': (
+    'minibatch_responses_per_rank': (
         'optimizer steps now take {new} responses per rank instead of {old}: a different '
         'number of optimizer steps per RL step'),
     'ppo_epochs': (

@@ -19,8 +19,8 @@ class HFRolloutBackend(RolloutBackend):
 
     The backend samples from the very module being trained, so weight sync is
     free; it switches the module to eval mode (and back) around generation.
-    Prompts are left-padded into batches of at most ``batch_size`` sequences
-    (``len(requests) * n`` sequences in all). Sampling uses the global torch RNG,
+    Prompts are left-padded into batches of at most ``max_sequences_per_call``
+    sequences (``len(requests) * n`` sequences in all). Sampling uses the global torch RNG,
     which the training loop checkpoints, so a resumed run samples the same tokens.
 
     Prompts with images generate from their processed form
@@ -36,8 +36,8 @@ class HFRolloutBackend(RolloutBackend):
 
     Length-aware batching: the ``len(requests) * n`` rows are ordered by prompt
     length (stable, so a prompt's n samples stay together) before they are cut into
-    ``generate`` calls of at most ``batch_size`` rows and ``max_tokens_per_batch``
-    padded positions (``rows x (longest prompt + max_new_tokens)``). Rows of a call
+    ``generate`` calls of at most ``max_sequences_per_call`` rows and
+    ``max_tokens_per_call`` padded positions (``rows x (longest prompt + max_new_tokens)``). Rows of a call
     then share a prompt width (little left padding) and, prompts of one task type
     being of similar length, tend to finish together, so fewer finished rows idle
     while the longest one decodes. Results come back in request order. The order is
@@ -45,24 +45,26 @@ class HFRolloutBackend(RolloutBackend):
     state (resume reproduces an uninterrupted run).
 
     Args:
-        batch_size: sequences per ``generate`` call (memory bound).
-        max_tokens_per_batch: optional cap on a call's padded positions,
+        max_sequences_per_call: sequences per ``generate`` call (memory bound).
+        max_tokens_per_call: optional cap on a call's padded positions,
             ``rows x (longest prompt + max_new_tokens)``; a row over it alone gets a
-            call of its own. None: only ``batch_size`` limits a call.
+            call of its own. None: only ``max_sequences_per_call`` limits a call.
         sort_by_length: order rows by prompt length before batching (default True);
             False keeps the request order.
     """
 
-    def __init__(self, batch_size: int = 256, max_tokens_per_batch: int | None = None,
+    def __init__(self, max_sequences_per_call: int = 256,
+                 max_tokens_per_call: int | None = None,
                  sort_by_length: bool = True) -> None:
-        if batch_size < 1:
-            raise ValueError(f'batch_size must be >= 1, got {batch_size}')
-        if max_tokens_per_batch is not None and not (isinstance(max_tokens_per_batch, int)
-                                                     and max_tokens_per_batch >= 1):
-            raise ValueError('max_tokens_per_batch must be an int >= 1 or None, got '
-                             f'{max_tokens_per_batch!r}')
-        self.batch_size = batch_size
-        self.max_tokens_per_batch = max_tokens_per_batch
+        if max_sequences_per_call < 1:
+            raise ValueError('max_sequences_per_call must be >= 1, got '
+                             f'{max_sequences_per_call}')
+        if max_tokens_per_call is not None and not (isinstance(max_tokens_per_call, int)
+                                                    and max_tokens_per_call >= 1):
+            raise ValueError('max_tokens_per_call must be an int >= 1 or None, got '
+                             f'{max_tokens_per_call!r}')
+        self.max_sequences_per_call = max_sequences_per_call
+        self.max_tokens_per_call = max_tokens_per_call
         self.sort_by_length = sort_by_length
         self.model: nn.Module | None = None
         self.pad_token_id: int | None = None
@@ -105,8 +107,9 @@ class HFRolloutBackend(RolloutBackend):
         ``i``'s k-th sample), covering every row once, in the order they run.
 
         Rows are ordered by prompt length (if ``sort_by_length``), then cut greedily at
-        ``batch_size`` rows or ``max_tokens_per_batch`` padded positions. Requests whose
-        images cannot share a batch (per-batch image padding) get one call per prompt.
+        ``max_sequences_per_call`` rows or ``max_tokens_per_call`` padded positions.
+        Requests whose images cannot share a batch (per-batch image padding) get one call
+        per prompt.
         """
         n = params.n
         length = [len(r.prompt_ids) for r in requests for _ in range(n)]
@@ -122,10 +125,10 @@ class HFRolloutBackend(RolloutBackend):
             width = 0
             for i in group:
                 wider = max(width, length[i])
-                over = (self.max_tokens_per_batch is not None and
+                over = (self.max_tokens_per_call is not None and
                         (len(call) + 1) * (wider + params.max_new_tokens)
-                        > self.max_tokens_per_batch)
-                if call and (len(call) == self.batch_size or over):
+                        > self.max_tokens_per_call)
+                if call and (len(call) == self.max_sequences_per_call or over):
                     calls.append(call)
                     call, wider = [], length[i]
                 call.append(i)

@@ -4,7 +4,7 @@ A *history* is what a training run leaves in ``<work_dir>/training_curves.json``
 (:class:`~gepo_xtuner.engine.curves_hook.TrainingCurvesHook`): one dict per RL step with
 ``step`` and the step's metrics, among them ``val/<domain>/acc`` and ``val/acc`` on
 validation steps (step 0 is the starting point), ``entropy/policy`` and
-``entropy/group/<domain>``. Everything here is a pure function of histories; the harness
+``entropy/group_nll/<domain>``. Everything here is a pure function of histories; the harness
 ``tools/run_experiments.py`` produces them.
 
 Per run (:func:`summarize_run`):
@@ -117,7 +117,7 @@ def summarize_run(history: Sequence[dict]) -> dict:
     avgs = [accs(r)['avg'] for r in val]
     steps = [_num(r.get('entropy/policy')) for r in history if r.get('step', 0) > 0]
     steps = [v for v in steps if not math.isnan(v)]
-    group = {d: _tail_mean(history, f'entropy/group/{d}') for d in domains}
+    group = {d: _tail_mean(history, f'entropy/group_nll/{d}') for d in domains}
     gains = [final[d] - accs(val[0])[d] for d in domains]
     return dict(
         domains=domains, start=accs(val[0]), final=final, best=best,
@@ -345,13 +345,13 @@ def plot_figures(histories: dict[str, list[list[dict]]], methods: Sequence[str],
                              sharey=True)
     for ax, m in zip(axes.flat, methods):
         for d in domains:
-            _shaded(ax, *_band(histories[m], f'entropy/group/{d}'), d, smooth=smooth)
+            _shaded(ax, *_band(histories[m], f'entropy/group_nll/{d}'), d, smooth=smooth)
         ax.set_title(label(m))
         ax.set_xlabel('RL step')
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(methods):]:
         ax.axis('off')
-    axes[0][0].set_ylabel('group entropy')
+    axes[0][0].set_ylabel('group entropy (sampled-token NLL)')
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f'Figure 5: per-domain group entropy (mean ± std over seeds, {smooth}-step '
                  'mean)')

@@ -221,7 +221,7 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     Temperature 1, no stop token (every prompt gets ``new_tokens`` tokens). The trainer's
     pass is the loop's own (``RLTrainLoop._old_logprobs`` over ``build_response_batch``).
     ``backend``: an attached rollout backend (e.g. ``LMDeployRolloutBackend``); default
-    an ``HFRolloutBackend`` of ``batch_size`` on the policy itself.
+    an ``HFRolloutBackend`` of ``batch_size`` sequences per call on the policy itself.
 
     Returns:
         ``{'logprobs': Comparison, 'generated_tokens', 'generate_s', 'tokens_per_s'}``.
@@ -231,7 +231,7 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     from .rl_step import loop_fields
     from ..engine.loop import RLTrainLoop
     if backend is None:
-        backend = HFRolloutBackend(batch_size=batch_size)
+        backend = HFRolloutBackend(max_sequences_per_call=batch_size)
         backend.attach(policy.llm, policy.tokenizer)
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
     device = next(policy.parameters()).device

@@ -99,7 +99,7 @@ def loop_fields(policy: Any, max_tokens: int, minibatch: int, lr: float = 1e-6) 
                          clip_grad=dict(max_norm=1.0))
     return SimpleNamespace(policy=policy, runner=SimpleNamespace(model=policy, optim_wrapper=optim),
                            logprob_max_tokens=max_tokens, max_tokens=max_tokens,
-                           minibatch_size=minibatch, ppo_epochs=1,
+                           minibatch_responses_per_rank=minibatch, ppo_epochs=1,
                            kept_rows='full_minibatches', _prime_buckets=False,
                            sampling=SamplingParams(temperature=1.0, max_new_tokens=4096))
 

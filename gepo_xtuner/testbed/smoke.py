@@ -470,11 +470,11 @@ class SmokeGeometry:
         minibatches_per_step: optimizer steps per rollout batch and PPO epoch, as in
             the config.
         prompts_per_rank: prompts each rank draws per RL step.
-        minibatch_size: responses per optimizer step and rank.
+        minibatch_responses_per_rank: responses per optimizer step and rank.
         micro_batches: target forward/backward micro-batches per minibatch and rank.
         micro_batch_size: responses per micro-batch (fixed-size interface).
         max_tokens_per_micro_batch: padded-token budget per micro-batch
-            (token-budget interface): about ``minibatch_size * row_tokens /
+            (token-budget interface): about ``minibatch_responses_per_rank * row_tokens /
             micro_batches``.
         row_tokens: the padded row width assumed (prompt + ``max_new_tokens``).
         config: the same quantities of the original config (``prompts_per_step``
@@ -485,7 +485,7 @@ class SmokeGeometry:
     world_size: int
     minibatches_per_step: int
     prompts_per_rank: int
-    minibatch_size: int
+    minibatch_responses_per_rank: int
     micro_batches: int
     micro_batch_size: int
     max_tokens_per_micro_batch: int
@@ -549,7 +549,7 @@ def scale_geometry(num_responses: int, prompts_per_step: int, minibatch_response
     budget = max(row_tokens, math.ceil(minibatch * row_tokens / micro_batches))
     return SmokeGeometry(
         num_responses=k, world_size=p, minibatches_per_step=n_mb,
-        prompts_per_rank=m * n_mb // p, minibatch_size=minibatch,
+        prompts_per_rank=m * n_mb // p, minibatch_responses_per_rank=minibatch,
         micro_batches=minibatch // micro, micro_batch_size=micro,
         max_tokens_per_micro_batch=budget, row_tokens=row_tokens,
         config=dict(prompts_per_step=prompts_per_step, minibatch_responses=minibatch_responses,
@@ -608,7 +608,7 @@ def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps
     loader['dataset']['path'] = f'{data_dir}/train.jsonl'
     loop = out['train_cfg']
     loop.update(max_steps=steps, rollout=dict(type='HFRolloutBackend'),
-                minibatch_size=geometry.minibatch_size)
+                minibatch_responses_per_rank=geometry.minibatch_responses_per_rank)
     loop['sampling'] = dict(loop.get('sampling') or {}, max_new_tokens=max_new_tokens)
     for key in ('micro_batch_size', 'logprob_batch_size', 'max_tokens_per_micro_batch',
                 'logprob_max_tokens_per_micro_batch', 'prompts_per_step', 'minibatch_responses'):
@@ -759,7 +759,7 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     tok = build_smoke_tokenizer()
     k = int(loop.get('num_responses', 8))
     per_rank = int(cfg['train_dataloader']['batch_size'])
-    minibatch = int(loop.get('minibatch_size', 32)) * world_size
+    minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
     prompts = scale_geometry(k, per_rank * world_size, minibatch, world_size, 1).prompts_per_step
     n_train = max(n_train, math.ceil(prompts * steps / len(kinds)))
     sampling = dict(loop.get('sampling') or {})

@@ -61,7 +61,7 @@ def test_two_rank_thresholds_equal_each_other_and_single_process(tmp_path):
         r0, r1 = ranks[0][step], ranks[1][step]
         # identical on both ranks, bit for bit
         assert r0['state'] == r1['state']
-        for key in ('gepo/h_low', 'gepo/h_high', 'gepo/mu', 'gepo/sigma', 'gepo/num_groups'):
+        for key in ('gepo/h_low', 'gepo/h_high', 'gepo/group_nll_mu', 'gepo/group_nll_sigma', 'gepo/num_groups'):
             assert r0['metrics'][key] == r1['metrics'][key], key
             # and equal to one process that sees the whole batch (summation order differs)
             assert abs(r0['metrics'][key] - whole.metrics[key]) < 1e-12, key

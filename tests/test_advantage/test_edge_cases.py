@@ -59,7 +59,7 @@ def test_gepo_all_groups_empty_leaves_state_untouched():
     out = proc(batch_of([1.0, 0.0], [1, 1], lengths=[0, 0]), state)
     assert state.num_updates == 0 and state.h_low is None
     assert out.advantages.tolist() == out.raw_advantages.tolist()
-    assert math.isnan(out.metrics['gepo/mu'])
+    assert math.isnan(out.metrics['gepo/group_nll_mu'])
 
 
 @pytest.mark.parametrize('name', ALL)
@@ -68,7 +68,7 @@ def test_batch_of_one_group(name):
     assert out.advantages.abs().sum() > 0
     if name == 'GEPOAdvantage':
         # sigma = 0, so the band collapses onto mu = H_g; strict inequalities shape nothing
-        assert out.metrics['gepo/sigma'] == 0.0
+        assert out.metrics['gepo/group_nll_sigma'] == 0.0
         assert not out.shaped.any()
 
 

@@ -59,7 +59,7 @@ def test_gepo_matches_reference_across_steps(seed, make_batch):
         expected, used = ref.step(batch)
         assert_close(out.advantages.tolist(), expected)
         if used is not None:
-            got = [out.metrics[k] for k in ('gepo/h_low', 'gepo/h_high', 'gepo/mu', 'gepo/sigma')]
+            got = [out.metrics[k] for k in ('gepo/h_low', 'gepo/h_high', 'gepo/group_nll_mu', 'gepo/group_nll_sigma')]
             assert_close(got, list(used), tol=1e-6)  # float32 token sums
         assert math.isclose(state.h_low, ref.h_low, rel_tol=1e-6, abs_tol=1e-9)
         changed = (out.advantages != out.raw_advantages).tolist()
@@ -122,7 +122,7 @@ def test_aepo_removes_non_positive_samples_when_the_gate_is_on():
     proc = ADVANTAGES.build(dict(type='AEPOAdvantage', entropy_low=0.5))
     out = proc(batch, proc.init_state())
     assert out.keep.tolist() == [True, False, False, False]
-    assert out.metrics['aepo/batch_entropy'] == pytest.approx(0.9)  # entropies, not -logprobs
+    assert out.metrics['aepo/batch_policy_entropy'] == pytest.approx(0.9)  # entropies, not -logprobs
     assert out.advantages[1:].abs().sum() == 0
     quiet = ADVANTAGES.build(dict(type='AEPOAdvantage', entropy_low=0.95))
     assert quiet(batch, quiet.init_state()).keep is None  # gate off: every row trains

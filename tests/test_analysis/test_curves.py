@@ -8,8 +8,8 @@ from gepo_xtuner.analysis.curves import _band, _series, plot_training_curves
 def history():
     rows = []
     for step in range(1, 6):
-        row = {'step': float(step), 'entropy/group/add': 0.5 + 0.01 * step,
-               'entropy/group/copy': 0.2, 'reward/mean/add': 0.3, 'reward/mean/copy': 0.9,
+        row = {'step': float(step), 'entropy/group_nll/add': 0.5 + 0.01 * step,
+               'entropy/group_nll/copy': 0.2, 'reward/mean/add': 0.3, 'reward/mean/copy': 0.9,
                'shaping/frac_damped_pos/copy': 0.4, 'shaping/frac_damped_neg/add': 0.1}
         if step > 1:  # the band exists from the second step
             row.update({'gepo/h_low': 0.3, 'gepo/h_high': 0.45})
@@ -24,7 +24,7 @@ def test_series_and_band_skip_missing_and_undefined_values():
     h = history()
     assert _series(h, 'val/', '/acc') == {'add': ([1.0, 5.0], [0.04, 0.2]),
                                           'copy': ([1.0, 5.0], [0.9, 0.9])}
-    assert set(_series(h, 'entropy/group/')) == {'add', 'copy'}
+    assert set(_series(h, 'entropy/group_nll/')) == {'add', 'copy'}
     steps, low, high = _band(h)
     assert steps == [2.0, 3.0, 4.0, 5.0] and low == [0.3] * 4 and high == [0.45] * 4
 

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # Small, fast settings for CI-sized machines (B=4 prompts x K=4 responses per step, two
 # optimizer steps of several accumulated micro-batches each).
 FAST = [
-    'train_dataloader.batch_size=4', 'train_cfg.num_responses=4', 'train_cfg.minibatch_size=8',
+    'train_dataloader.batch_size=4', 'train_cfg.num_responses=4',
+    'train_cfg.minibatch_responses_per_rank=8',
     'train_cfg.sampling.max_new_tokens=6', 'train_cfg.val.interval=2',
     # ~2-3 micro-batches per minibatch of 8 rows (prompts ~8 tokens, responses <= 6)
     'train_cfg.max_tokens_per_micro_batch=48',

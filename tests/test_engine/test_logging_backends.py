@@ -10,7 +10,7 @@ import pytest
 from .conftest import scalars, train, write_config
 
 # names README lists, present in every step of the tiny GEPO run
-CORE = ('reward/mean', 'entropy/group_mean', 'entropy/policy', 'gepo/h_low', 'gepo/h_high',
+CORE = ('reward/mean', 'entropy/group_nll_mean', 'entropy/policy', 'gepo/h_low', 'gepo/h_high',
         'loss/pg', 'optim/grad_norm', 'perf/gen_tokens_per_sec', 'time/step')
 
 

@@ -165,7 +165,7 @@ def test_rollout_and_trainer_score_the_same_image_conditioned_context(vl_dir, po
     recs.append({'id': 'text', 'domain': 'd',
                  'messages': [{'role': 'user', 'content': 'what colour is the sky?'}]})
     requests = [encode_request(r, tok, proc) for r in recs]
-    backend = HFRolloutBackend(batch_size=7)  # batches straddle prompts
+    backend = HFRolloutBackend(max_sequences_per_call=7)  # batches straddle prompts
     backend.attach(policy.llm, tok)
     assert set(backend.suppress) == set(placeholder_token_ids(policy.llm.config)) != set()
     torch.manual_seed(0)
@@ -265,7 +265,8 @@ def test_multimodal_rl_steps_through_xtuner_train(vl_dir, tmp_path):
                      model_class='{VL_CLASS}', policy_loss={LOSS!r})
         train_dataloader = dict(batch_size=4, dataset=dict(path='{data}'))
         train_cfg = dict(
-            max_steps=3, num_responses=4, minibatch_size=8, max_tokens_per_micro_batch=200,
+            max_steps=3, num_responses=4, minibatch_responses_per_rank=8,
+            max_tokens_per_micro_batch=200,
             logprob_max_tokens_per_micro_batch=1, val=None, sampling=dict(max_new_tokens=6),
             rewards=dict(default=dict(_delete_=True, type='ShortAnswerReward', max_len=5)))
         default_hooks = dict(checkpoint=dict(interval=3))
@@ -284,7 +285,7 @@ def test_multimodal_rl_steps_through_xtuner_train(vl_dir, tmp_path):
         # the trainer scored each response on the context it was sampled from
         assert row['rollout/logprob_abs_diff'] < 1e-5, (step, row['rollout/logprob_abs_diff'])
         for key in ('reward/mean/colour', 'reward/mean/count', 'entropy/policy/colour',
-                    'entropy/group/count', 'loss/pg'):
+                    'entropy/group_nll/count', 'loss/pg'):
             assert key in row and math.isfinite(row[key]), (step, key)
     assert any(0 < logged[s]['reward/mean'] < 1 for s in (1, 2, 3))  # there was signal
     assert all(logged[s]['optim/micro_batches'] > 1 for s in (1, 2, 3))  # accumulated

@@ -5,7 +5,7 @@ of draws (responses of different lengths), so a checkpoint must restore every ra
 own state. The straight run is trained once per setting and reused for every resume
 point; the resumed runs must log the same value for every metric of every later step
 and end with bit-identical weights. The geometry is ``train_dataloader.batch_size=8
-num_responses=4 minibatch_size=16``. The tiny random policy's responses all run to the
+num_responses=4 minibatch_responses_per_rank=16``. The tiny random policy's responses all run to the
 length limit, so its ranks would consume equal numbers of draws; mmengine's per-rank
 seeds (``randomness.diff_rank_seed=True``) make the ranks' streams differ from the
 first step, as responses of different lengths do with a trained policy. With rank 0's
@@ -28,7 +28,7 @@ from .test_deepspeed_train import _client_state, _zero_weights, deepspeed_deps  
 
 STEPS = 3
 GEOMETRY = ['train_dataloader.batch_size=8', 'train_cfg.num_responses=4',
-            'train_cfg.minibatch_size=16', 'default_hooks.checkpoint.interval=1',
+            'train_cfg.minibatch_responses_per_rank=16', 'default_hooks.checkpoint.interval=1',
             'default_hooks.checkpoint.max_keep_ckpts=-1', 'train_cfg.val.interval=100',
             'randomness.diff_rank_seed=True']
 CONFIGS = {'ddp': 'gepo_tiny_cpu.py', 'zero2': 'deepspeed/gepo_tiny_cpu_zero.py'}

@@ -24,6 +24,26 @@ def test_one_response_per_prompt_is_refused_before_training(tmp_path, tiny_dir):
     assert 'set num_responses >= 2' in proc.stderr + proc.stdout
 
 
+def test_a_renamed_train_cfg_key_is_refused_with_its_new_name(tmp_path, tiny_dir):
+    cfg = write_config(tmp_path)
+    proc = train(cfg, tmp_path / 'run', tiny_dir, 'train_cfg.minibatch_size=8', check=False)
+    assert proc.returncode != 0
+    assert ("got an unexpected keyword argument 'minibatch_size' (train_cfg.minibatch_size was "
+            'renamed: use train_cfg.minibatch_responses_per_rank)') in proc.stderr + proc.stdout
+    assert not (tmp_path / 'run' / 'iter_1.pth').exists()
+
+
+def test_unknown_train_cfg_keys_are_named_with_what_was_meant():
+    from gepo_xtuner.engine.loop import RLTrainLoop
+    RLTrainLoop.check_keys(['max_steps', 'minibatch_responses_per_rank', 'type'])  # accepted
+    with pytest.raises(TypeError, match=r"arguments 'num_response', 'zzz' \(did you mean "
+                                        r'train_cfg.num_responses\?\)$'):
+        RLTrainLoop.check_keys(['num_response', 'zzz'])
+    with pytest.raises(TypeError, match='use train_cfg.minibatch_responses_per_rank'):
+        RLTrainLoop(None, None, max_steps=1, rollout={}, advantage={}, rewards={},
+                    minibatch_size=8)  # refused before anything is built
+
+
 def test_validation_is_logged_only_when_it_ran_and_resume_with_more_steps_is_exact(
         tmp_path, tiny_dir):
     cfg = write_config(tmp_path)

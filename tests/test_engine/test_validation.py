@@ -46,7 +46,7 @@ def loop_parts(model_dir: Path, reward, max_new_tokens: int = 6) -> SimpleNamesp
     """What RLTrainLoop hands Validator.run, built from the real components."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    rollout = HFRolloutBackend(batch_size=64)
+    rollout = HFRolloutBackend(max_sequences_per_call=64)
     rollout.attach(model, tok)
     return SimpleNamespace(tokenizer=tok, rollout=rollout,
                            rewards=RewardRouter(dict(default=reward)),

@@ -24,7 +24,7 @@ def backend(**kwargs) -> HFRolloutBackend:
 
 def test_plan_orders_by_prompt_length_and_respects_both_caps():
     params = SamplingParams(n=3, max_new_tokens=5)
-    rollout = HFRolloutBackend(batch_size=4, max_tokens_per_batch=60)
+    rollout = HFRolloutBackend(max_sequences_per_call=4, max_tokens_per_call=60)
     calls = rollout.plan(requests(), params)
     flat = [i for call in calls for i in call]
     assert sorted(flat) == list(range(len(LENGTHS) * 3))  # every row exactly once
@@ -34,14 +34,15 @@ def test_plan_orders_by_prompt_length_and_respects_both_caps():
         width = max(LENGTHS[i // 3] for i in call)
         assert len(call) <= 4
         assert len(call) == 1 or len(call) * (width + 5) <= 60
-    unsorted = HFRolloutBackend(batch_size=4, sort_by_length=False).plan(requests(), params)
+    unsorted = HFRolloutBackend(max_sequences_per_call=4,
+                                sort_by_length=False).plan(requests(), params)
     assert [i for call in unsorted for i in call] == list(range(len(LENGTHS) * 3))
 
 
 def test_results_come_back_in_request_order_whatever_the_batching():
     params = SamplingParams(n=2, max_new_tokens=6, temperature=0.0, stop_token_ids=(EOS_ID, ))
-    plain = backend(batch_size=256, sort_by_length=False).generate(requests(), params)
-    tight = backend(batch_size=3, max_tokens_per_batch=40).generate(requests(), params)
+    plain = backend(max_sequences_per_call=256, sort_by_length=False).generate(requests(), params)
+    tight = backend(max_sequences_per_call=3, max_tokens_per_call=40).generate(requests(), params)
     assert [[s.response_ids for s in g] for g in plain] == \
         [[s.response_ids for s in g] for g in tight]
     for a, b in zip(plain, tight):
@@ -52,7 +53,7 @@ def test_results_come_back_in_request_order_whatever_the_batching():
 
 def test_sampling_is_a_function_of_the_global_rng_state():
     params = SamplingParams(n=4, max_new_tokens=6, temperature=1.0, stop_token_ids=(EOS_ID, ))
-    rollout = backend(batch_size=5, max_tokens_per_batch=64)
+    rollout = backend(max_sequences_per_call=5, max_tokens_per_call=64)
     torch.manual_seed(0)
     first = rollout.generate(requests(), params)
     torch.manual_seed(0)
@@ -62,5 +63,5 @@ def test_sampling_is_a_function_of_the_global_rng_state():
 
 
 def test_bad_token_cap_is_refused():
-    with pytest.raises(ValueError, match='max_tokens_per_batch'):
-        HFRolloutBackend(max_tokens_per_batch=0)
+    with pytest.raises(ValueError, match='max_tokens_per_call'):
+        HFRolloutBackend(max_tokens_per_call=0)

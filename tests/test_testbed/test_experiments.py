@@ -17,7 +17,7 @@ def history(val: dict[int, tuple[float, float]], entropy: dict[str, float] | Non
         if step:
             row['entropy/policy'] = 0.1 * step
             for d, h in (entropy or {'add': 0.5, 'mul': 0.9}).items():
-                row[f'entropy/group/{d}'] = h
+                row[f'entropy/group_nll/{d}'] = h
         if step in val:
             add, mul = val[step]
             row.update({'val/add/acc': add, 'val/mul/acc': mul, 'val/acc': (add + mul) / 2})

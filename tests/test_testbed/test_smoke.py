@@ -41,20 +41,21 @@ def test_paper_batch_scales_down_with_its_structure(world):
     assert g.num_responses == 16 and g.world_size == world
     assert g.minibatches_per_step == 8 == g.config['minibatches_per_step']
     responses_per_rank = g.prompts_per_rank * g.num_responses
-    assert responses_per_rank == g.minibatches_per_step * g.minibatch_size
+    assert responses_per_rank == g.minibatches_per_step * g.minibatch_responses_per_rank
     assert g.prompts_per_step == g.prompts_per_rank * world < 256
-    assert g.minibatch_size >= 16  # several micro-batches, each of several responses
-    assert 3 <= g.micro_batches <= 4 and g.minibatch_size == g.micro_batches * g.micro_batch_size
+    assert g.minibatch_responses_per_rank >= 16  # several micro-batches, each of several responses
+    assert 3 <= g.micro_batches <= 4
+    assert g.minibatch_responses_per_rank == g.micro_batches * g.micro_batch_size
     assert g.micro_batch_size >= 4
     # the token budget holds about minibatch / 3.5 full-width rows
     rows = g.max_tokens_per_micro_batch // g.row_tokens
-    assert 3 <= -(-g.minibatch_size // rows) <= 4
+    assert 3 <= -(-g.minibatch_responses_per_rank // rows) <= 4
 
 
 def test_tiny_cpu_batch_keeps_its_four_minibatches():
     g = smoke.scale_geometry(8, 64, 128, 2, row_tokens=30)
     assert (g.num_responses, g.minibatches_per_step, g.world_size) == (8, 4, 2)
-    assert g.prompts_per_rank * 8 == 4 * g.minibatch_size
+    assert g.prompts_per_rank * 8 == 4 * g.minibatch_responses_per_rank
 
 
 def test_scaling_refuses_a_minibatch_that_does_not_divide_the_batch():
@@ -84,7 +85,8 @@ def test_smoke_config_swaps_runtime_parts_and_keeps_the_algorithm(paper_cfg):
     assert loop['rewards'] == orig.rewards.to_dict()
     assert loop['sampling'] == dict(orig.sampling.to_dict(), max_new_tokens=12)
     assert loop['max_tokens_per_micro_batch'] == g.max_tokens_per_micro_batch
-    assert loop['minibatch_size'] == g.minibatch_size and loop['max_steps'] == 3
+    assert loop['minibatch_responses_per_rank'] == g.minibatch_responses_per_rank
+    assert loop['max_steps'] == 3
     assert loop['val'] == dict(path='/d/val.jsonl', interval=3)
     assert 'micro_batch_size' not in loop and 'logprob_batch_size' not in loop
     assert out['model']['policy_loss'] == paper_cfg.model.policy_loss.to_dict()

@@ -142,7 +142,7 @@ def test_paper_settings_section_3_1(path, monkeypatch):
     assert loop.sampling.temperature == 1.0 and loop.sampling.top_p == 1.0
     assert loop.sampling.top_k == 0
     assert cfg.train_dataloader.batch_size * 8 == 256  # "batch size of 256" (prompts)
-    assert loop.minibatch_size * 8 == 32 * 16  # "minibatch size of 32" (prompts)
+    assert loop.minibatch_responses_per_rank * 8 == 32 * 16  # "minibatch size of 32" (prompts)
     assert 'accumulative_counts' not in cfg.optim_wrapper  # the loop accumulates
     assert loop.max_tokens_per_micro_batch in (20480, 30720)
     assert cfg.model.torch_dtype == 'bfloat16'
@@ -197,7 +197,7 @@ def test_baselines_use_the_authors_qwen2_5_7b_parameters(monkeypatch):
 def test_global_batch_is_256_prompts_at_any_world_size(world_size, monkeypatch):
     cfg = load(ROOT / 'configs' / 'gepo_intern_s1_mini.py', monkeypatch, world_size)
     assert cfg.train_dataloader.batch_size * world_size == 256
-    assert cfg.train_cfg.minibatch_size * world_size == 512
+    assert cfg.train_cfg.minibatch_responses_per_rank * world_size == 512
 
 
 def test_a_world_size_that_cannot_split_the_batch_is_refused(locations):
@@ -256,6 +256,15 @@ def test_wrapper_accumulation_and_fixed_micro_batches_are_refused(locations):
     assert "RLTrainLoop: got an unexpected keyword argument 'micro_batch_size'" in proc.stdout
 
 
+def test_a_renamed_key_is_named_with_its_new_name(locations):
+    proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
+                 'train_cfg.minibatch_size=8', env=locations)
+    assert proc.returncode == 1
+    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'minibatch_size' "
+            '(train_cfg.minibatch_size was renamed: use train_cfg.minibatch_responses_per_rank)'
+            ) in proc.stdout
+
+
 def test_a_misspelt_argument_is_named(locations, tmp_path):
     cfg = tmp_path / 'typo.py'
     cfg.write_text(f"_base_ = ['{ROOT / 'configs' / 'grpo_tiny_cpu.py'}']\n"
@@ -263,8 +272,8 @@ def test_a_misspelt_argument_is_named(locations, tmp_path):
                    "model = dict(torch_dtype='bf16')\n")
     proc = check(cfg, env=locations)
     assert proc.returncode == 1
-    assert "train_cfg: RLTrainLoop: got an unexpected keyword argument 'num_response'" \
-        in proc.stdout
+    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'num_response' (did "
+            'you mean train_cfg.num_responses?)') in proc.stdout
     assert "model.torch_dtype: 'bf16' is not a torch dtype name" in proc.stdout
 
 

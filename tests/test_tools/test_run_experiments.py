@@ -15,7 +15,7 @@ TOOL = ROOT / 'tools' / 'run_experiments.py'
 # CI-sized runs: 4 prompts x 4 responses per step, short answers, validation every 2 steps
 # and a checkpoint every 2 steps (as tests/test_engine/conftest.py's FAST settings)
 SMALL = ['train_dataloader.batch_size=4', 'train_cfg.num_responses=4',
-         'train_cfg.minibatch_size=8', 'train_cfg.sampling.max_new_tokens=6',
+         'train_cfg.minibatch_responses_per_rank=8', 'train_cfg.sampling.max_new_tokens=6',
          'train_cfg.val.interval=2', 'default_hooks.checkpoint.interval=2']
 
 

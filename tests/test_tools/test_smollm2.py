@@ -21,7 +21,7 @@ from gepo_xtuner.model.checkpoint import load_for_inference
 
 ROOT = Path(__file__).resolve().parents[2]
 SHRUNK = ['train_dataloader.batch_size=2', 'train_cfg.num_responses=2',
-          'train_cfg.minibatch_size=4', 'train_cfg.sampling.max_new_tokens=8',
+          'train_cfg.minibatch_responses_per_rank=4', 'train_cfg.sampling.max_new_tokens=8',
           'train_cfg.val=None', 'train_cfg.max_steps=2', 'default_hooks.checkpoint.interval=2']
 
 

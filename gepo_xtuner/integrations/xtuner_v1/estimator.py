@@ -171,7 +171,7 @@ class GEPOEstimator(StepAdvantageEstimator):
 
         Returns:
             ``gepo/*`` (band, batch statistics), ``shaping/*`` and per-domain
-            ``entropy/group/<task>`` metrics.
+            ``entropy/group_nll/<task>`` metrics.
         """
         if dist_world_size() > 1:
             raise RuntimeError(
@@ -220,7 +220,7 @@ class GEPOEstimator(StepAdvantageEstimator):
             self._step[id(item)] = (reward, adv)
         self._items = representatives
         metrics = {k: v for k, v in out.metrics.items()
-                   if k.startswith(('gepo/', 'shaping/', 'entropy/group'))}
+                   if k.startswith(('gepo/', 'shaping/', 'entropy/group_nll'))}
         metrics['gepo/stale_response_frac'] = num_stale / num_items
         return metrics
 
