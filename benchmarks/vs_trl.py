@@ -2,11 +2,12 @@
 
 ``make bench-trl`` runs it with ``benchmarks/requirements-trl.txt`` installed apart, first on
 ``PYTHONPATH``. Workload, read from ``configs/gepo_tiny_cpu.py`` so both match by construction:
-the same tiny model weights (one copy per side), fp32 CPU, B=16 prompts x K=8, <= 12 new
-tokens, temperature 1, no top-p/k; 4 AdamW steps of 32 completions per generation batch
-(equal lr/betas, no decay, constant lr, clip 1); no reference model/KL; exact-match reward;
-CISPO, IS weight capped at 5 (TRL ``loss_type='cispo', epsilon_high=5`` = ours ``eps_high=4``),
-token-level normalisation; one pre-shuffled ``train.jsonl`` order: step i, same 16 prompts.
+the same tiny model weights (one copy per side), fp32 CPU, the config's B prompts x K
+responses and ``max_new_tokens`` (the workload line printed first says which), temperature 1,
+no top-p/k; AdamW steps of the config's minibatch per generation batch (equal lr/betas, no
+decay, constant lr, clip 1); no reference model/KL; exact-match reward; CISPO, IS weight
+capped at 5 (TRL ``loss_type='cispo', epsilon_high=5`` = ours ``eps_high=4``), token-level
+normalisation; one pre-shuffled ``train.jsonl`` order: step i, the same B prompts.
 
 Method: each unmodified loop runs in its own thread, never both at once: a baton (``Gate``)
 gives one side ``--steps`` steps while the other waits; after ``--warmup`` steps each, blocks
