@@ -54,6 +54,7 @@ def _worker(rank: int, world: int, port: int, repeats: int, queue) -> None:
         times.append(time.perf_counter() - t)
     if rank == 0:
         queue.put((len(pickle.dumps(mine)), statistics.median(times)))
+    dist.barrier()  # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 
