@@ -26,9 +26,9 @@ sys.path.insert(0, ROOT)  # run from a checkout without installing
 
 
 def _payload() -> dict:
-    """What ``RLTrainLoop._rank_state`` returns with the largest state the shipped parts
-    keep: a seeded Clip-Cov / KL-Cov loss (one generator per device) and the LMDeploy
-    backend (its weight-update counter)."""
+    """One rank's entry of the loop's run state (``RLTrainLoop.state_dict()['ranks'][r]``)
+    with the largest state the shipped parts keep: a seeded Clip-Cov / KL-Cov loss (one
+    generator per device) and the LMDeploy backend (its weight-update counter)."""
     import torch
     from gepo_xtuner.engine.run_state import capture_rng
     gen = torch.Generator().manual_seed(0)

@@ -6,8 +6,8 @@ One process, one workload, four variants timed in interleaved rounds (medians):
   packed, no padding: a no-grad forward, then a forward + backward of the summed
   next-token cross-entropy over every real token, per block of the same real-token
   budget; no logprob/entropy bookkeeping, no policy loss, no optimizer step.
-- ``ours``: the RL loop's own ``RLTrainLoop._old_logprobs`` and ``RLTrainLoop._update``
-  (``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``, AdamW, clip 1) on an
+- ``ours``: the RL loop's own ``engine/update.py`` functions (``old_logprobs``, ``ppo_update``:
+  ``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``, AdamW, clip 1) on an
   ``RLPolicy`` that packs (``packing='auto'``), budget ``--max-tokens`` real tokens.
 - ``padded``: the same loop code on ``RLPolicy(packing='off')``: length-sorted
   micro-batches of at most ``--max-tokens`` padded positions, each a
@@ -125,10 +125,10 @@ Step = Callable[[Any, torch.Tensor], None]  # (ResponseBatch, advantages (N,)) -
 
 
 def make_loop_step(policy: Any, max_tokens: int) -> Step:
-    from gepo_xtuner.testbed.rl_step import loop_fields, rl_step
+    from gepo_xtuner.testbed.rl_step import adamw, rl_step, step_settings
 
     def step(batch: Any, advantages: torch.Tensor) -> None:
-        rl_step(loop_fields(policy, max_tokens, len(batch)), batch, advantages)
+        rl_step(policy, adamw(policy), batch, advantages, step_settings(max_tokens, len(batch)))
 
     return step
 

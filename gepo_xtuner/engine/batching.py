@@ -3,13 +3,12 @@
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import Tensor
 
+from ..model.inputs import LossInputs
 from ..ops.multimodal import MMInputs, concat_mm_inputs
-from ..rollout import RolloutSample, SamplingParams
+from ..rollout import RolloutSample
 
 
 @dataclass
@@ -80,6 +79,26 @@ class ResponseBatch:
             return {}
         groups = self.group_index if index is None else self.group_index[index]
         return concat_mm_inputs([self.mm_inputs[g] for g in groups.tolist()])
+
+
+@dataclass
+class Rollouts:
+    """What the rollout stage of a step hands on: the prompts, their samples, the tensors.
+
+    Attributes:
+        records: the step's B prompt records (this rank's).
+        samples: ``samples[b]`` are the K responses to ``records[b]``.
+        batch: the N = B * K responses as padded tensors (:func:`build_response_batch`).
+    """
+
+    records: list[dict]
+    samples: list[list[RolloutSample]]
+    batch: ResponseBatch
+
+    @property
+    def row_records(self) -> list[dict]:
+        """The prompt record of each of the N rows."""
+        return [self.records[g] for g in self.batch.group_index.tolist()]
 
 
 def build_response_batch(prompts: Sequence[list[int]], samples: Sequence[Sequence[RolloutSample]],
@@ -274,26 +293,24 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
 
 
 def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, totals: torch.Tensor, sampling: SamplingParams
-                ) -> dict[str, Any]:
-    """``RLPolicy`` loss-mode inputs of one micro-batch.
+                advantages: torch.Tensor, totals: torch.Tensor, *, temperature: float,
+                norm_length: float | None) -> LossInputs:
+    """The policy's :class:`~gepo_xtuner.model.inputs.LossInputs` of one micro-batch.
 
     Args:
         batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
         old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
         advantages: ``(N,)``.
-        totals: ``(2,)`` float64, valid tokens and non-empty responses of the WHOLE
-            minibatch over all ranks: the loss denominators.
-        sampling: the rollout's sampling parameters (temperature; the length cap is
-            Dr.GRPO's constant normaliser).
+        totals: ``(2,)`` or more float64: valid tokens and non-empty responses of the
+            WHOLE minibatch over all ranks (the loss denominators), then anything else
+            the caller reduced with them (the update passes the minibatch's rows third).
+        temperature: the sampling temperature the responses were drawn at.
+        norm_length: Dr.GRPO's constant length (``train_cfg.norm_length``).
     """
     part = batch.rows(rows)
-    inputs = dict(input_ids=part.input_ids, attention_mask=part.attention_mask,
-                  response_mask=part.response_mask,
-                  old_logprobs=old_logprobs[rows, :part.response_width],
-                  advantages=advantages[rows], num_tokens=totals[0].float(),
-                  num_seqs=totals[1].float(), norm_length=sampling.max_new_tokens,
-                  temperature=sampling.temperature)
-    if part.mm_inputs is not None:
-        inputs['mm_inputs'] = part.multimodal_inputs()
-    return inputs
+    return LossInputs(part.input_ids, part.attention_mask, part.response_mask,
+                      old_logprobs=old_logprobs[rows, :part.response_width],
+                      advantages=advantages[rows], num_tokens=totals[0].float(),
+                      num_seqs=totals[1].float(), norm_length=norm_length,
+                      temperature=temperature,
+                      mm_inputs=None if part.mm_inputs is None else part.multimodal_inputs())

@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -18,19 +19,19 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
 from ..ops.distributed import all_reduce, dist_rank, dist_world_size
-from ..ops.multimodal import mm_to, placeholder_token_ids
+from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
+from .batching import Rollouts, build_response_batch, cut_at_tokens
 from .geometry import StepGeometry, check_group_size
-from .batching import (KEPT_ROWS, ResponseBatch, build_response_batch, cut_at_tokens,
-                       kept_minibatches, loss_inputs, micro_batches, minibatches)
 from .loop_state_hook import RLLoopStateHook
-from .optim_step import (check_accumulation, optimizer_step, prime_gradient_buckets,
-                         reduces_every_backward)
+from .optim_step import check_accumulation
 from .requests import check_policy_inputs, encode_request
 from .run_state import (capture_rng, describe_changes, gather_rank_states, rank_entry,
                         restore_rng, run_settings, seed_streams)
+from .update import UpdateSettings, entropy_metrics, ppo_update
+from .update import old_logprobs as old_logprobs_of
 from .validation import Validator
 
 #: ``train_cfg`` keys of earlier versions -> the key that replaced them (refused with
@@ -138,31 +139,22 @@ class RLTrainLoop(BaseLoop):
                  logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
                  val: dict | None = None, reward_route_by: str = 'domain',
                  prompts_per_step: int | None = None, minibatch_responses: int | None = None,
-                 kept_rows: str = 'full_minibatches', **unknown: Any) -> None:
+                 kept_rows: str = 'full_minibatches', norm_length: int | None = None,
+                 **unknown: Any) -> None:
         self.check_keys(unknown)
         super().__init__(runner, dataloader)
-        if min(max_steps, num_responses, minibatch_responses_per_rank, ppo_epochs) < 1:
-            raise ValueError('RLTrainLoop needs max_steps, num_responses, '
-                             f'minibatch_responses_per_rank and ppo_epochs >= 1, got {max_steps}, '
-                             f'{num_responses}, {minibatch_responses_per_rank}, {ppo_epochs}')
-        for name, value in (('max_tokens_per_micro_batch', max_tokens_per_micro_batch),
-                            ('logprob_max_tokens_per_micro_batch',
-                             logprob_max_tokens_per_micro_batch)):
-            if value is not None and not (isinstance(value, int) and value >= 1):
-                raise ValueError(f'train_cfg.{name} must be an int >= 1 or None, got {value!r}')
-        if kept_rows not in KEPT_ROWS:
-            raise ValueError(f'train_cfg.kept_rows must be one of {list(KEPT_ROWS)}, got '
-                             f'{kept_rows!r}')
+        if min(max_steps, num_responses) < 1:
+            raise ValueError('RLTrainLoop needs max_steps and num_responses >= 1, got '
+                             f'{max_steps}, {num_responses}')
+        # checked now, completed with the sampling temperature and the length cap in run()
+        self.update_settings = UpdateSettings(
+            minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
+            logprob_max_tokens_per_micro_batch, kept_rows, norm_length=norm_length)
         check_accumulation(runner.optim_wrapper)
-        self.kept_rows = kept_rows
         self._max_iters = max_steps
         self._max_epochs = 1
         self._epoch = 0
         self._iter = 0
-        self.minibatch_responses_per_rank = minibatch_responses_per_rank
-        self.max_tokens = max_tokens_per_micro_batch
-        self.logprob_max_tokens = logprob_max_tokens_per_micro_batch or max_tokens_per_micro_batch
-        self.ppo_epochs = ppo_epochs
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
         check_group_size(self.advantage, num_responses)
@@ -262,6 +254,13 @@ class RLTrainLoop(BaseLoop):
         cfg = dict(self._sampling_cfg)
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
         self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
+        self.update_settings = replace(  # the distribution sampled, the generation cap
+            self.update_settings, temperature=self.sampling.temperature,
+            norm_length=self.update_settings.norm_length or self.sampling.max_new_tokens)
+        if policy.policy_loss.agg == 'seq-mean-token-sum-norm':
+            print_log(f'the policy loss divides by the constant length '
+                      f'{self.update_settings.norm_length} (train_cfg.norm_length; default '
+                      'sampling.max_new_tokens)', logger='current')
         check_accumulation(self.runner.optim_wrapper)  # now built (and after --deepspeed)
         print_log(f'advantage: {self.advantage!r}; policy loss: {policy.policy_loss!r}',
                   logger='current')
@@ -398,49 +397,65 @@ class RLTrainLoop(BaseLoop):
                                   self.encode_requests, self.sampling)
 
     def run_iter(self, records: list[dict]) -> None:
-        """One RL step on this rank's ``records`` (B prompt records)."""
+        """One RL step on this rank's ``records`` (B prompt records): rollout -> reward ->
+        advantage -> update -> sync, each one call, then the step's metrics."""
         self.runner.call_hook('before_train_iter', batch_idx=self._iter, data_batch=records)
-        times: dict[str, float] = {}
-        t = time.perf_counter()
+        clock = StageClock()
+        with clock('rollout'):
+            rollouts = self.generate(records)
+        with clock('reward'):
+            rewards, metrics = self.score(rollouts)
+        with clock('advantage'):
+            old_logprobs, adv = self.advantages(rollouts, rewards, metrics)
+        with clock('update'):
+            metrics.update(ppo_update(self.runner.model, self.runner.optim_wrapper,
+                                      rollouts.batch, old_logprobs, adv.advantages, adv.keep,
+                                      self.update_settings, prime_buckets=self._prime_buckets))
+            self._prime_buckets = False
+        with clock('sync'):
+            self.rollout.update_weights(self.policy.llm)
+        self.end_step(rollouts, metrics, clock.seconds)
+
+    def generate(self, records: list[dict]) -> Rollouts:
+        """K responses to each record from the rollout backend, as padded tensors."""
         requests = self.encode_requests(records)
         samples = self.rollout.generate(requests, self.sampling)
         if self._placeholders:  # a VLM cannot score responses holding image slots
             samples = cut_at_tokens(samples, self._placeholders)
-        times['rollout'] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        tok = self.policy.tokenizer
         mm = [r.mm_inputs or {} for r in requests]  # per prompt; rows gather their own
         batch = build_response_batch([r.prompt_ids for r in requests], samples,
-                                     tok.pad_token_id, mm if any(mm) else None)
-        flat_records = [records[g] for g in batch.group_index.tolist()]
-        texts = tok.batch_decode([s.response_ids for group in samples for s in group],
-                                 skip_special_tokens=True)
-        rewards, metrics = self.rewards(texts, flat_records)
-        times['reward'] = time.perf_counter() - t
+                                     self.policy.tokenizer.pad_token_id, mm if any(mm) else None)
+        return Rollouts(records, samples, batch)
 
-        t = time.perf_counter()
-        old_logprobs, entropy = self._old_logprobs(batch)
-        domain_ids, names = encode_domains([r['domain'] for r in flat_records])
+    def score(self, rollouts: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
+        """One reward per response ``(N,)``, and the reward metrics of the step."""
+        texts = self.policy.tokenizer.batch_decode(
+            [s.response_ids for group in rollouts.samples for s in group],
+            skip_special_tokens=True)
+        return self.rewards(texts, rollouts.row_records)
+
+    def advantages(self, rollouts: Rollouts, rewards: torch.Tensor, metrics: dict[str, float]
+                   ) -> tuple[torch.Tensor, Any]:
+        """Old-policy logprobs ``(N, R)`` (one no-grad pass, which also gives the group
+        entropies) and the advantage processor's output; adds their metrics to ``metrics``."""
+        batch, rows = rollouts.batch, rollouts.row_records
+        old_logprobs, entropy = old_logprobs_of(self.policy, batch, self.update_settings)
+        domain_ids, names = encode_domains([r['domain'] for r in rows])
         adv = self.advantage(
             RolloutBatch(rewards=rewards, group_ids=batch.group_index, logprobs=old_logprobs,
                          mask=batch.response_mask, entropies=entropy, domain_ids=domain_ids,
-                         domain_names=names, prompt_ids=[r['id'] for r in flat_records]),
+                         domain_names=names, prompt_ids=[r['id'] for r in rows]),
             self.advantage_state)
         metrics.update(adv.metrics)
         self._check_signal(adv.advantages, metrics)
-        metrics.update(self._entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
-        times['advantage'] = time.perf_counter() - t
+        metrics.update(entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
+        return old_logprobs, adv
 
-        t = time.perf_counter()
-        metrics.update(self._update(batch, old_logprobs, adv.advantages, adv.keep))
-        times['update'] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        self.rollout.update_weights(self.policy.llm)
-        times['sync'] = time.perf_counter() - t
+    def end_step(self, rollouts: Rollouts, metrics: dict[str, float],
+                 times: dict[str, float]) -> None:
+        """Validation (every ``interval`` steps), throughput and time metrics, the history,
+        every rank's run state, then the runner's ``after_train_iter`` hooks."""
         metrics.update(self.rollout.pop_metrics())
-
         step = self._iter + 1
         if self.validator is not None and (step % self.validator.interval == 0
                                            or step == self._max_iters):
@@ -450,8 +465,7 @@ class RLTrainLoop(BaseLoop):
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
             self._log_validation(step, val)
-
-        new_tokens = int(batch.response_mask.sum())
+        new_tokens = int(rollouts.batch.response_mask.sum())
         metrics['perf/gen_tokens'] = float(new_tokens)
         metrics['perf/gen_tokens_per_sec'] = new_tokens / max(times['rollout'], 1e-9)
         metrics.update({f'time/{k}': v for k, v in times.items()})
@@ -463,123 +477,9 @@ class RLTrainLoop(BaseLoop):
         self.step_metrics = metrics
         # every rank's streams as of the end of this step, for a checkpoint saved now
         self._rank_states = gather_rank_states(self._rank_state())
-        self.runner.call_hook('after_train_iter', batch_idx=self._iter, data_batch=records,
-                              outputs=metrics)
+        self.runner.call_hook('after_train_iter', batch_idx=self._iter,
+                              data_batch=rollouts.records, outputs=metrics)
         self._iter += 1
-
-    @torch.no_grad()
-    def _old_logprobs(self, batch: ResponseBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Old-policy logprobs and full-vocabulary entropies, ``(N, R)`` float32 on CPU.
-
-        One no-grad forward per micro-batch of ``logprob_max_tokens_per_micro_batch``.
-        """
-        policy = self.policy
-        device = next(policy.parameters()).device
-        logprobs = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        entropies = torch.zeros_like(logprobs)
-        prompt_len, response_len = batch.lengths()
-        packed = getattr(policy, 'packs', False) and batch.mm_inputs is None  # real-token budget
-        for rows in micro_batches(torch.arange(len(batch)), prompt_len, response_len,
-                                  self.logprob_max_tokens, packed):
-            part = batch.rows(rows)
-            inputs = {k: getattr(part, k).to(device)
-                      for k in ('input_ids', 'attention_mask', 'response_mask')}
-            inputs['temperature'] = self.sampling.temperature
-            if part.mm_inputs is not None:  # the rows' images: the context rollouts saw
-                inputs['mm_inputs'] = mm_to(part.multimodal_inputs(), device)
-            lp, ent = policy(inputs=inputs, mode='logprobs')
-            width = part.response_width
-            logprobs[rows, :width] = lp.float().cpu()
-            entropies[rows, :width] = ent.float().cpu()
-        return logprobs, entropies
-
-    @staticmethod
-    def _entropy_metrics(batch: ResponseBatch, old_logprobs: torch.Tensor,
-                         entropy: torch.Tensor, domain_ids: torch.Tensor,
-                         names: list[str]) -> dict[str, float]:
-        mask = batch.response_mask
-        tokens = mask.sum(1).clamp_min(1)
-        per_seq = torch.where(mask, entropy, 0).sum(1) / tokens  # full-vocabulary entropy
-        metrics = {'entropy/policy': float(per_seq.mean()),
-                   'rollout/logprob_abs_diff': float(
-                       torch.where(mask, (old_logprobs - batch.rollout_logprobs).abs(), 0).sum()
-                       / mask.sum().clamp_min(1))}
-        for d, name in enumerate(names):
-            metrics[f'entropy/policy/{name}'] = float(per_seq[domain_ids == d].mean())
-        return metrics
-
-    def _update(self, batch: ResponseBatch, old_logprobs: torch.Tensor,
-                advantages: torch.Tensor, keep: torch.Tensor | None) -> dict[str, float]:
-        """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
-
-        Rows an advantage processor did not keep (``keep`` False) are in no
-        minibatch and no denominator. Every rank takes the same number of steps per
-        pass: ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any
-        rank and ``kept_rows='full_minibatches'``, that of :func:`kept_minibatches` (fewer
-        steps of full size; none when nothing is kept). A rank whose minibatch is empty
-        still runs one zero-weighted micro-batch, so that the gradient all-reduce
-        of data-parallel training meets on every rank (under DeepSpeed ZeRO, which
-        reduces at every backward, as many as the rank with the most).
-        """
-        world, per_rank = dist_world_size(), self.minibatch_responses_per_rank
-        rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
-        prompt_len, response_len = batch.lengths()
-        n_total, kept_total = (int(v) for v in all_reduce(
-            torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
-        if self.kept_rows == 'full_minibatches' and kept_total < n_total:
-            def plan() -> list[torch.Tensor]:
-                return kept_minibatches(rows, kept_total, per_rank, world)
-        else:
-            def plan() -> list[torch.Tensor]:
-                return minibatches(rows, math.ceil(len(batch) / per_rank))
-        if self._prime_buckets:
-            self._prime_buckets = False
-            empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages,
-                                torch.ones(3, dtype=torch.float64), self.sampling)
-            empty['response_mask'] = torch.zeros_like(empty['response_mask'])
-            prime_gradient_buckets(self.runner.model, self.runner.optim_wrapper, empty)
-        stats = MicroBatchStats()
-        lockstep = reduces_every_backward(self.runner.optim_wrapper)
-        grad_norms: list[float] = []
-        micro_counts: list[int] = []
-        minibatch_rows: list[float] = []
-        for _ in range(self.ppo_epochs):
-            for minibatch in plan():
-                mask = batch.response_mask[minibatch]
-                totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum()),
-                                                  float(len(minibatch))], dtype=torch.float64))
-                minibatch_rows.append(float(totals[2]))
-                micro = micro_batches(minibatch, prompt_len, response_len, self.max_tokens,
-                                      getattr(self.policy, 'packs', False)
-                                      and batch.mm_inputs is None)
-                micro_counts.append(len(micro))
-                inputs = [loss_inputs(batch, m, old_logprobs, advantages, totals, self.sampling)
-                          for m in micro]
-                # Each rank takes part in every gradient reduction: at least one micro-batch
-                # (DDP reduces once, at the last), or, where every backward reduces (DeepSpeed
-                # ZeRO), as many as the rank with the most.
-                want = max(len(inputs), 1)
-                if lockstep:
-                    want = int(all_reduce(torch.tensor([want]), op='max'))
-                while len(inputs) < want:  # a zero gradient: no valid token, loss 0
-                    empty = loss_inputs(batch, torch.arange(1), old_logprobs, advantages, totals,
-                                        self.sampling)
-                    empty['response_mask'] = torch.zeros_like(empty['response_mask'])
-                    inputs.append(empty)
-                logs, grad_norm = optimizer_step(self.runner.model, self.runner.optim_wrapper,
-                                                 inputs, loss_scale=float(world))
-                stats.add_minibatch(logs, [int(i['response_mask'].sum()) for i in inputs])
-                if grad_norm is not None:
-                    grad_norms.append(grad_norm)
-        metrics = stats.reduce()
-        metrics['optim/steps'] = float(len(micro_counts))
-        metrics['optim/micro_batches'] = sum(micro_counts) / max(len(micro_counts), 1)
-        metrics['optim/rows_trained'] = float(len(rows))
-        # rows per optimizer step over all ranks (the global minibatch)
-        metrics['optim/minibatch_rows'] = sum(minibatch_rows) / max(len(minibatch_rows), 1)
-        if grad_norms:
-            metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
-        return metrics
 
     def _check_signal(self, advantages: torch.Tensor, metrics: dict[str, float]) -> None:
         """Warns when no response of the global batch has had a non-zero advantage for
@@ -615,6 +515,19 @@ def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
         yield
 
 
+class StageClock:
+    """Wall-clock seconds of named stages: ``with clock('update'): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = time.perf_counter() - start
+
+
 def check_training_sampling(params: SamplingParams) -> None:
     """Refuses sampling settings whose distribution the trainer cannot score.
 
@@ -634,61 +547,3 @@ def check_training_sampling(params: SamplingParams) -> None:
             'scores responses under the full softmax(logits / temperature), so a truncated '
             'sampling distribution would bias the importance ratio and the group entropy; set '
             'top_p=1.0 and top_k=0 (validation may still use them, train_cfg.val)')
-
-
-class MicroBatchStats:
-    """Reduces the loss outputs of micro-batches, minibatches and ranks to step metrics.
-
-    - ``loss/pg``, ``loss/kl_ref``, ``loss/cov_tokens``: each micro-batch
-      holds its share of a minibatch-normalised sum, so they add up over
-      micro-batches and ranks; the step value is their mean over minibatches.
-    - ``loss`` (the objective, ``loss/pg`` plus ``kl_coef * loss/kl_ref``) is not
-      repeated.
-    - ``ratio/max`` / ``ratio/min``: maximum / minimum.
-    - everything else (fractions, means): weighted by the micro-batch's tokens.
-
-    Two all-reduces per step (sum, max), whatever the number of micro-batches.
-    """
-
-    ADDITIVE = ('loss/pg', 'loss/kl_ref', 'loss/cov_tokens')
-    EXTREMES = {'ratio/max': 1.0, 'ratio/min': -1.0}  # sign: reduce all as a max
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.extremes: dict[str, float] = {}
-        self.tokens = 0.0
-        self.minibatches = 0
-
-    def add_minibatch(self, logs: list[dict[str, torch.Tensor]], tokens: list[int]) -> None:
-        self.minibatches += 1
-        for log_vars, n in zip(logs, tokens):
-            self.tokens += n
-            for key, value in log_vars.items():
-                if key == 'loss':
-                    continue
-                value = float(value)
-                if key in self.EXTREMES:
-                    if n:
-                        v = self.EXTREMES[key] * value
-                        self.extremes[key] = max(self.extremes.get(key, -math.inf), v)
-                    continue
-                weight = 1.0 if key in self.ADDITIVE else float(n)
-                self.sums[key] = self.sums.get(key, 0.0) + weight * value
-
-    def reduce(self) -> dict[str, float]:
-        keys = sorted(self.sums)
-        sums = all_reduce(torch.tensor([self.sums[k] for k in keys] + [self.tokens],
-                                       dtype=torch.float64)).tolist()
-        tokens = sums.pop()
-        out = {}
-        for key, value in zip(keys, sums):
-            name = key if key.startswith(('loss', 'ratio')) else f'loss/{key}'
-            out[name] = (value / max(self.minibatches, 1) if key in self.ADDITIVE
-                         else value / max(tokens, 1.0))
-        ext_keys = sorted(self.EXTREMES)
-        ext = all_reduce(torch.tensor([self.extremes.get(k, -math.inf) for k in ext_keys],
-                                      dtype=torch.float64), 'max').tolist()
-        for key, value in zip(ext_keys, ext):
-            if math.isfinite(value):
-                out[key] = self.EXTREMES[key] * value
-        return out

@@ -14,7 +14,7 @@ The losses are normalised by the caller (by the whole minibatch's token count
 over all ranks), so nothing here divides by a number of micro-batches.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
@@ -22,8 +22,10 @@ import torch
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
-__all__ = ['check_accumulation', 'is_deepspeed', 'optimizer_step', 'prime_gradient_buckets',
-           'reduces_every_backward']
+from ..ops.distributed import all_reduce
+
+__all__ = ['check_accumulation', 'is_deepspeed', 'lockstep_micro_batches', 'optimizer_step',
+           'prime_gradient_buckets', 'reduces_every_backward']
 
 
 def is_deepspeed(optim_wrapper: Any) -> bool:
@@ -69,8 +71,9 @@ def _sync_context(model: torch.nn.Module, sync: bool) -> Any:
     return nullcontext()
 
 
-def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Sequence[dict],
-                   loss_scale: float = 1.0) -> tuple[list[dict[str, Tensor]], float | None]:
+def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Sequence[Any],
+                   loss_scale: float = 1.0, pad: Callable[[], Any] | None = None
+                   ) -> tuple[list[dict[str, Tensor]], float | None]:
     """Accumulates the gradients of ``micro_inputs``, then takes one optimizer step.
 
     Args:
@@ -78,18 +81,26 @@ def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Seq
         optim_wrapper: mmengine ``OptimWrapper`` / ``AmpOptimWrapper`` built with
             ``accumulative_counts=1`` (see :func:`check_accumulation`), or a
             ``DeepSpeedOptimWrapper``.
-        micro_inputs: the ``inputs`` dict of each micro-batch (``RLPolicy.forward``'s
-            loss mode); at least one. Every micro-batch's loss must already be
-            normalised by the whole minibatch.
+        micro_inputs: the inputs of each micro-batch (``RLPolicy.forward``'s loss mode,
+            :class:`~gepo_xtuner.model.inputs.LossInputs`). Every micro-batch's loss must
+            already be normalised by the whole minibatch.
         loss_scale: multiplies every loss before backward. Data-parallel wrappers
             AVERAGE gradients over ranks; the loop passes the world size so that
             the result is the gradient of the global sum.
+        pad: makes a micro-batch of loss 0 (no valid token). With it, the ranks are kept
+            in lockstep (:func:`lockstep_micro_batches`): a rank with no micro-batch runs
+            one, so that the gradient all-reduce of data-parallel training meets on every
+            rank, and where every backward reduces (DeepSpeed ZeRO) every rank runs as
+            many as the rank with the most (a collective then). Without it, at least one
+            micro-batch is required.
 
     Returns:
         ``(log_vars, grad_norm)``: each micro-batch's detached outputs
-        (``RLPolicy.parse_losses``) and the gradient norm before clipping if the
+        (``RLPolicy.parse_losses``; padding ones last) and the gradient norm before clipping if the
         wrapper clips (else None).
     """
+    if pad is not None:
+        micro_inputs = lockstep_micro_batches(list(micro_inputs), optim_wrapper, pad)
     if not micro_inputs:
         raise ValueError('optimizer_step needs at least one micro-batch')
     policy = model.module if is_model_wrapper(model) else model
@@ -128,6 +139,18 @@ def optimizer_step(model: torch.nn.Module, optim_wrapper: Any, micro_inputs: Seq
     return logs, None
 
 
+def lockstep_micro_batches(micro_inputs: list[Any], optim_wrapper: Any,
+                           pad: Callable[[], Any]) -> list[Any]:
+    """``micro_inputs`` padded with ``pad()`` micro-batches (loss 0) so that every rank takes
+    part in every gradient reduction: at least one micro-batch (DDP reduces once, at the
+    last), or, where every backward reduces (:func:`reduces_every_backward`), as many as
+    the rank with the most (one all-reduce)."""
+    want = max(len(micro_inputs), 1)
+    if reduces_every_backward(optim_wrapper):
+        want = int(all_reduce(torch.tensor([want]), op='max'))
+    return micro_inputs + [pad() for _ in range(want - len(micro_inputs))]
+
+
 def prime_gradient_buckets(model: torch.nn.Module, optim_wrapper: Any, inputs: dict) -> bool:
     """After ``--resume``, gives DDP the gradient buckets the uninterrupted run has.
 
@@ -145,7 +168,8 @@ def prime_gradient_buckets(model: torch.nn.Module, optim_wrapper: Any, inputs: d
     Args:
         model: the DDP-wrapped policy (anything else: nothing is done).
         optim_wrapper: the run's optimizer wrapper (its gradients are cleared).
-        inputs: ``RLPolicy`` loss-mode inputs of one micro-batch, all-zero response mask.
+        inputs: ``RLPolicy`` loss-mode inputs of one micro-batch, all-zero response mask
+            (:meth:`~gepo_xtuner.model.inputs.LossInputs.without_tokens`).
 
     Returns:
         Whether a pass ran (a collective: every rank must call it at the same point).

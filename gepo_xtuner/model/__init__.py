@@ -5,6 +5,7 @@ The tiny character-level CPU model of the demo and its warm start
 part of the library; ``import gepo_xtuner`` does not import them.
 """
 
+from .inputs import LossInputs
 from .policy import RLPolicy
 
-__all__ = ['RLPolicy']
+__all__ = ['LossInputs', 'RLPolicy']

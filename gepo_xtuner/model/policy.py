@@ -21,6 +21,7 @@ from ..loss.kl import reference_kl_loss
 from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
 from ..registry import POLICY_LOSSES
+from .inputs import LossInputs
 from .packing import (PackedRows, pack_rows, packed_sequences, restore_attention,
                       use_packed_attention)
 
@@ -39,24 +40,9 @@ class RLPolicy(BaseModel):
     image placeholders already expanded (one token per image feature, as the
     processor writes them), so the responses are still the last R positions.
 
-    ``inputs`` (all on the model's device):
-        input_ids: ``(B, P + R)`` long.
-        attention_mask: ``(B, P + R)`` 0/1.
-        response_mask: ``(B, R)`` bool, real response tokens.
-        old_logprobs: ``(B, R)`` behaviour-policy logprobs (loss mode).
-        advantages: ``(B,)`` (loss mode).
-        num_tokens, num_seqs: optional scalars, the aggregation denominators of
-            the whole minibatch (over all ranks) when it is split into
-            micro-batches.
-        norm_length: optional scalar, the constant length of the
-            ``'seq-mean-token-sum-norm'`` aggregation (Dr.GRPO).
-        temperature: optional sampling temperature ``tau``: logprobs (and
-            entropies) are those of ``softmax(logits / tau)``, the distribution
-            the responses were sampled from. Default 1.
-        mm_inputs: optional dict of the rows' multimodal tensors as the processor
-            names them (``pixel_values``, ``image_grid_thw``, ...), concatenated
-            along dim 0 in row order (:mod:`gepo_xtuner.ops.multimodal`); passed to
-            the model, floating-point ones cast to its dtype.
+    ``inputs``: one micro-batch as :class:`~gepo_xtuner.model.inputs.LossInputs` (on the
+    model's device), the typed contract of shapes and fields; a mapping of its field
+    names is accepted too (:meth:`LossInputs.of`).
 
     Args:
         pretrained: Hugging Face model directory (or hub id where reachable).
@@ -192,7 +178,7 @@ class RLPolicy(BaseModel):
         attention[0, -2:] = 0  # row 0: 3 response tokens, then 2 padding columns
         response = torch.ones(2, 5, dtype=torch.bool, device=weight.device)
         response[0, 3:] = False
-        inputs = dict(input_ids=ids, attention_mask=attention, response_mask=response)
+        inputs = LossInputs(ids, attention, response)
         was_training = self.llm.training
         self.llm.eval()
         try:
@@ -244,11 +230,12 @@ class RLPolicy(BaseModel):
         # (and its image tokens) expanded to.
         return logits[:, -(width + 1):-1]
 
-    def uses_packing(self, inputs: dict[str, Any]) -> bool:
+    def uses_packing(self, inputs: LossInputs | dict[str, Any]) -> bool:
         """Whether a micro-batch runs packed: packing is on and it holds no images."""
-        return self.packs and not inputs.get('mm_inputs')
+        return self.packs and not LossInputs.of(inputs).mm_inputs
 
-    def packed_logits(self, inputs: dict[str, Any], model: torch.nn.Module | None = None
+    def packed_logits(self, inputs: LossInputs | dict[str, Any],
+                      model: torch.nn.Module | None = None
                       ) -> tuple[Tensor, Tensor, Tensor] | None:
         """Logits of the micro-batch as one packed row (:func:`~.packing.pack_rows`).
 
@@ -261,12 +248,12 @@ class RLPolicy(BaseModel):
             (a response without a prompt token).
         """
         model = self.llm if model is None else model
-        ids, attention = inputs['input_ids'], inputs['attention_mask']
+        inputs = LossInputs.of(inputs)
+        ids, attention, mask = inputs.input_ids, inputs.attention_mask, inputs.response_mask
         positions = self.position_ids(ids, attention, {})
-        rows: PackedRows | None = pack_rows(ids, attention, positions, inputs['response_mask'])
+        rows: PackedRows | None = pack_rows(ids, attention, positions, mask)
         if rows is None:
             return None
-        mask = inputs['response_mask']
         start = int(rows.index[mask].min()) if bool(mask.any()) else rows.input_ids.shape[1] - 1
         kwargs = {self._keep_arg: rows.input_ids.shape[1] - start} if self._keep_arg else {}
         logits = model(input_ids=rows.input_ids, position_ids=rows.position_ids,
@@ -275,62 +262,66 @@ class RLPolicy(BaseModel):
         logits = logits[:, -(rows.input_ids.shape[1] - start):]
         return logits, rows.labels[:, start:], (rows.index - start).clamp_min(0)
 
-    def response_logprobs(self, inputs: dict[str, Any], with_entropy: bool = False,
+    def response_logprobs(self, inputs: LossInputs | dict[str, Any], with_entropy: bool = False,
                           packed: bool | None = None) -> tuple[Tensor, Tensor | None]:
         """Logprobs ``(B, R)`` of the response tokens, and optionally their entropy.
 
-        Both refer to ``softmax(logits / inputs['temperature'])`` (default 1). With
+        Both refer to ``softmax(logits / inputs.temperature)`` (default 1). With
         packing (``packed``, default :meth:`uses_packing`), both are 0 at padding.
         """
+        inputs = LossInputs.of(inputs)
         if packed is None:
             packed = self.uses_packing(inputs)
         scored = self.packed_logits(inputs) if packed else None
         if scored is not None:
             logits, labels, index = scored
-            logits = tempered(logits, inputs.get('temperature'))
-            valid = inputs['response_mask']
+            logits = tempered(logits, inputs.temperature)
+            valid = inputs.response_mask
             logprobs = gather_logprobs(logits, labels)[0][index].masked_fill(~valid, 0.0)
             entropy = None
             if with_entropy:
                 with torch.no_grad():
                     entropy = token_entropy(logits.detach())[0][index].masked_fill(~valid, 0.0)
             return logprobs, entropy
-        width = inputs['response_mask'].shape[1]
-        logits = tempered(self.response_logits(inputs['input_ids'], inputs['attention_mask'],
-                                               width, inputs.get('mm_inputs')),
-                          inputs.get('temperature'))
-        logprobs = gather_logprobs(logits, inputs['input_ids'][:, -width:])
+        width = inputs.response_mask.shape[1]
+        logits = tempered(self.response_logits(inputs.input_ids, inputs.attention_mask,
+                                               width, inputs.mm_inputs),
+                          inputs.temperature)
+        logprobs = gather_logprobs(logits, inputs.input_ids[:, -width:])
         entropy = None
         if with_entropy:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach())
         return logprobs, entropy
 
-    def forward(self, inputs: dict[str, Tensor], data_samples: Any = None, mode: str = 'loss'
-                ) -> dict[str, Tensor] | tuple[Tensor, Tensor | None]:
+    def forward(self, inputs: LossInputs | dict[str, Any], data_samples: Any = None,
+                mode: str = 'loss') -> dict[str, Tensor] | tuple[Tensor, Tensor | None]:
         """``mode='loss'``: policy loss and its metrics; ``mode='logprobs'``: logprobs, entropy."""
+        inputs = LossInputs.of(inputs)
         if mode == 'logprobs':
             return self.response_logprobs(inputs, with_entropy=True)
         if mode != 'loss':
             raise ValueError(f"RLPolicy.forward supports mode='loss' or 'logprobs', got {mode!r}")
         logprobs, _ = self.response_logprobs(inputs)
-        loss, metrics = self.policy_loss(logprobs, inputs['old_logprobs'], inputs['advantages'],
-                                         inputs['response_mask'],
-                                         num_tokens=inputs.get('num_tokens'),
-                                         num_seqs=inputs.get('num_seqs'),
-                                         norm_length=inputs.get('norm_length'))
+        if inputs.old_logprobs is None or inputs.advantages is None:
+            raise ValueError("RLPolicy.forward(mode='loss') needs inputs.old_logprobs and "
+                             'inputs.advantages')
+        loss, metrics = self.policy_loss(logprobs, inputs.old_logprobs, inputs.advantages,
+                                         inputs.response_mask, num_tokens=inputs.num_tokens,
+                                         num_seqs=inputs.num_seqs,
+                                         norm_length=inputs.norm_length)
         if self.kl_coef > 0:
             kl = reference_kl_loss(logprobs, self.reference_logprobs(inputs),
-                                   inputs['response_mask'], self.policy_loss.agg,
-                                   inputs.get('num_tokens'), inputs.get('num_seqs'),
-                                   inputs.get('norm_length'))
+                                   inputs.response_mask, self.policy_loss.agg,
+                                   inputs.num_tokens, inputs.num_seqs, inputs.norm_length)
             loss = loss + self.kl_coef * kl
             metrics['loss/kl_ref'] = kl.detach()
         return {'loss': loss, **metrics}
 
     @torch.no_grad()
-    def reference_logprobs(self, inputs: dict[str, Any]) -> Tensor:
+    def reference_logprobs(self, inputs: LossInputs | dict[str, Any]) -> Tensor:
         """Logprobs ``(B, R)`` of the response tokens under the frozen reference."""
+        inputs = LossInputs.of(inputs)
         ref = self._reference[0]
         device = self.llm.get_input_embeddings().weight.device
         if ref.get_input_embeddings().weight.device != device:
@@ -338,13 +329,13 @@ class RLPolicy(BaseModel):
         scored = self.packed_logits(inputs, model=ref) if self.uses_packing(inputs) else None
         if scored is not None:
             logits, labels, index = scored
-            lp = gather_logprobs(tempered(logits, inputs.get('temperature')), labels)[0][index]
-            return lp.masked_fill(~inputs['response_mask'], 0.0)
-        width = inputs['response_mask'].shape[1]
-        logits = self.response_logits(inputs['input_ids'], inputs['attention_mask'], width,
-                                      inputs.get('mm_inputs'), model=ref)
-        return gather_logprobs(tempered(logits, inputs.get('temperature')),
-                               inputs['input_ids'][:, -width:])
+            lp = gather_logprobs(tempered(logits, inputs.temperature), labels)[0][index]
+            return lp.masked_fill(~inputs.response_mask, 0.0)
+        width = inputs.response_mask.shape[1]
+        logits = self.response_logits(inputs.input_ids, inputs.attention_mask, width,
+                                      inputs.mm_inputs, model=ref)
+        return gather_logprobs(tempered(logits, inputs.temperature),
+                               inputs.input_ids[:, -width:])
 
     def parse_losses(self, losses: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss is ``losses['loss']``; every other entry is a detached metric.

@@ -219,7 +219,8 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     """Samples with a rollout backend, then scores the samples as the trainer.
 
     Temperature 1, no stop token (every prompt gets ``new_tokens`` tokens). The trainer's
-    pass is the loop's own (``RLTrainLoop._old_logprobs`` over ``build_response_batch``).
+    pass is the loop's own (:func:`~gepo_xtuner.engine.update.old_logprobs` over
+    ``build_response_batch``).
     ``backend``: an attached rollout backend (e.g. ``LMDeployRolloutBackend``); default
     an ``HFRolloutBackend`` of ``batch_size`` sequences per call on the policy itself.
 
@@ -228,8 +229,8 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     """
     from ..engine.batching import build_response_batch
     from ..rollout import HFRolloutBackend, RolloutRequest, SamplingParams
-    from .rl_step import loop_fields
-    from ..engine.loop import RLTrainLoop
+    from ..engine.update import old_logprobs
+    from .rl_step import step_settings
     if backend is None:
         backend = HFRolloutBackend(max_sequences_per_call=batch_size)
         backend.attach(policy.llm, policy.tokenizer)
@@ -241,8 +242,8 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     _sync(device)
     seconds = time.perf_counter() - start
     batch = build_response_batch(prompts, samples, pad_token_id=policy.tokenizer.pad_token_id)
-    loop = loop_fields(policy, max_tokens=1 << 16, minibatch=len(batch))
-    trainer, _ = RLTrainLoop._old_logprobs(loop, batch)
+    trainer, _ = old_logprobs(policy, batch, step_settings(max_tokens=1 << 16,
+                                                           minibatch=len(batch)))
     dtype = next(policy.parameters()).dtype
     generated = int(batch.response_mask.sum())
     return {'logprobs': compare('rollout vs trainer logprobs', batch.rollout_logprobs, trainer,

@@ -2,19 +2,18 @@
 ragged responses and the loop's own old-logprob pass and update on them.
 
 ``benchmarks/bench_rl_step.py`` times these; the GPU tests (``tests/test_gpu``) run them
-on CUDA. The step is the RL loop's code itself (``RLTrainLoop._old_logprobs`` and
-``RLTrainLoop._update``: ``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``), given
-the few loop fields it reads by :func:`loop_fields`.
+on CUDA. The step is the RL loop's code itself, the public functions of
+:mod:`gepo_xtuner.engine.update` (``old_logprobs``, then ``ppo_update``: ``micro_batches``
+-> ``RLPolicy`` -> ``optimizer_step``), with the settings of :func:`step_settings`.
 """
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-__all__ = ['QWEN2_0_5B', 'build_qwen2', 'workload', 'loop_fields', 'rl_step']
+__all__ = ['QWEN2_0_5B', 'build_qwen2', 'workload', 'step_settings', 'adamw', 'rl_step']
 
 QWEN2_0_5B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, intermediate_size=4864, vocab_size=151936)
@@ -89,32 +88,37 @@ def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed
     return batch, torch.randn(n, generator=gen)
 
 
-def loop_fields(policy: Any, max_tokens: int, minibatch: int, lr: float = 1e-6) -> Any:
-    """What ``RLTrainLoop._old_logprobs`` / ``_update`` read from the loop, for one process:
-    AdamW (betas 0.9/0.99) with gradient clipping at 1, one PPO epoch, temperature 1."""
+def step_settings(max_tokens: int, minibatch: int) -> Any:
+    """The update's settings for one process: ``max_tokens`` per micro-batch in both passes,
+    ``minibatch`` responses per optimizer step, one PPO epoch, temperature 1, length norm
+    4096."""
+    from ..engine.update import UpdateSettings
+    return UpdateSettings(minibatch, ppo_epochs=1, max_tokens_per_micro_batch=max_tokens,
+                          logprob_max_tokens_per_micro_batch=max_tokens, temperature=1.0,
+                          norm_length=4096)
+
+
+def adamw(policy: Any, lr: float = 1e-6) -> Any:
+    """An mmengine ``OptimWrapper`` of AdamW (betas 0.9/0.99) clipping gradients at 1."""
     from mmengine.optim import OptimWrapper
-
-    from ..rollout import SamplingParams
-    optim = OptimWrapper(torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.99)),
-                         clip_grad=dict(max_norm=1.0))
-    return SimpleNamespace(policy=policy, runner=SimpleNamespace(model=policy, optim_wrapper=optim),
-                           logprob_max_tokens=max_tokens, max_tokens=max_tokens,
-                           minibatch_responses_per_rank=minibatch, ppo_epochs=1,
-                           kept_rows='full_minibatches', _prime_buckets=False,
-                           sampling=SamplingParams(temperature=1.0, max_new_tokens=4096))
+    return OptimWrapper(torch.optim.AdamW(policy.parameters(), lr=lr, betas=(0.9, 0.99)),
+                        clip_grad=dict(max_norm=1.0))
 
 
-def rl_step(loop: Any, batch: Any, advantages: torch.Tensor) -> dict[str, float]:
+def rl_step(policy: Any, optim_wrapper: Any, batch: Any, advantages: torch.Tensor,
+            settings: Any) -> dict[str, float]:
     """The loop's old-logprob pass, then its update (one optimizer step per minibatch).
 
     Args:
-        loop: :func:`loop_fields` (or an ``RLTrainLoop``).
-        batch: the step's ``ResponseBatch`` (on the CPU; the loop moves micro-batches).
+        policy: the :class:`~gepo_xtuner.model.RLPolicy`.
+        optim_wrapper: e.g. :func:`adamw`.
+        batch: the step's ``ResponseBatch`` (on the CPU; micro-batches are moved).
         advantages: ``(N,)``.
+        settings: :class:`~gepo_xtuner.engine.update.UpdateSettings`, e.g. :func:`step_settings`.
 
     Returns:
         The update's metrics (``optim/grad_norm``, ``loss/pg``, ...).
     """
-    from ..engine.loop import RLTrainLoop
-    old, _ = RLTrainLoop._old_logprobs(loop, batch)
-    return RLTrainLoop._update(loop, batch, old, advantages, None)
+    from ..engine.update import old_logprobs, ppo_update
+    old, _ = old_logprobs(policy, batch, settings)
+    return ppo_update(policy, optim_wrapper, batch, old, advantages, None, settings)

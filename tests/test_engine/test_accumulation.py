@@ -71,7 +71,8 @@ def step(model, wrapper, batch, old, adv, parts, world: int = 1):
     mask = batch.response_mask[rows]
     totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum())],
                                      dtype=torch.float64))
-    inputs = [loss_inputs(batch, p, old, adv, totals, SAMPLING) for p in parts]
+    inputs = [loss_inputs(batch, p, old, adv, totals, temperature=SAMPLING.temperature,
+                          norm_length=SAMPLING.max_new_tokens) for p in parts]
     logs, grad_norm = optimizer_step(model, wrapper, inputs, loss_scale=float(world))
     return logs, grad_norm
 

@@ -15,7 +15,7 @@ import torch
 
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.testbed.gpu import record
-from gepo_xtuner.testbed.rl_step import loop_fields, rl_step, workload
+from gepo_xtuner.testbed.rl_step import adamw, rl_step, step_settings, workload
 
 pytestmark = pytest.mark.gpu
 
@@ -24,13 +24,13 @@ def test_peak_memory_per_rl_step_is_steady(model_dirs, device) -> None:
     policy = RLPolicy(str(model_dirs['qwen2-0.5b']), dict(type='CISPOLoss'),
                       torch_dtype='bfloat16').to(device)
     batch, advantages = workload(64, median=128, sigma=0.9, max_len=1024, vocab=50, seed=2)
-    loop = loop_fields(policy, max_tokens=4096, minibatch=32)  # two optimizer steps
+    optim, settings = adamw(policy), step_settings(max_tokens=4096, minibatch=32)  # 2 steps
     params = sum(p.numel() for p in policy.parameters())
     peaks, after = [], []
     for _ in range(3):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        metrics = rl_step(loop, batch, advantages)
+        metrics = rl_step(policy, optim, batch, advantages, settings)
         torch.cuda.synchronize()
         peaks.append(torch.cuda.max_memory_allocated() / 2**20)
         after.append(torch.cuda.memory_allocated() / 2**20)

@@ -1,0 +1,298 @@
+"""The trainer side of one RL step, as plain functions with explicit arguments.
+
+Two calls make it, both used by :class:`~gepo_xtuner.engine.loop.RLTrainLoop`, the testbed's
+:func:`~gepo_xtuner.testbed.rl_step.rl_step`, ``benchmarks/bench_rl_step.py`` and the GPU
+tests alike::
+
+    old, entropy = old_logprobs(policy, batch, settings)   # one no-grad pass
+    ...                                                    # advantages from them
+    metrics = ppo_update(model, optim_wrapper, batch, old, advantages, keep, settings)
+
+:func:`ppo_update` reads top to bottom: ``ppo_epochs`` passes over shuffled minibatches,
+each split into micro-batches by a token budget and handed to
+:func:`~gepo_xtuner.engine.optim_step.optimizer_step` (which keeps the ranks in lockstep).
+:class:`MicroBatchStats` reduces the micro-batches' loss outputs to the step's metrics.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from mmengine.model import is_model_wrapper
+from torch import Tensor
+
+from ..model.inputs import LossInputs
+from .batching import KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, micro_batches, \
+    minibatches
+from .optim_step import optimizer_step, prime_gradient_buckets
+from ..ops.distributed import all_reduce, dist_world_size
+
+__all__ = ['UpdateSettings', 'old_logprobs', 'ppo_update', 'MicroBatchStats', 'entropy_metrics']
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """How the trainer side of a step runs; ``train_cfg`` fields of the same names.
+
+    Attributes:
+        minibatch_responses_per_rank: responses per optimizer step on one rank.
+        ppo_epochs: passes over the step's responses.
+        max_tokens_per_micro_batch: token budget of one forward/backward
+            (:func:`~gepo_xtuner.engine.batching.micro_batches`); None: one micro-batch
+            per minibatch.
+        logprob_max_tokens_per_micro_batch: the same for the no-grad old-logprob pass;
+            None: ``max_tokens_per_micro_batch``.
+        kept_rows: ``'full_minibatches'`` or ``'spread'``, how rows an advantage
+            processor kept are trained (see :func:`ppo_update`).
+        temperature: the sampling temperature: every logprob is one of
+            ``softmax(logits / temperature)``.
+        norm_length: ``L`` of the ``'seq-mean-token-sum-norm'`` aggregation (Dr.GRPO's
+            constant length; the loop passes ``train_cfg.norm_length``, by default the
+            generation cap ``sampling.max_new_tokens``). None: the padded width.
+    """
+
+    minibatch_responses_per_rank: int
+    ppo_epochs: int = 1
+    max_tokens_per_micro_batch: int | None = None
+    logprob_max_tokens_per_micro_batch: int | None = None
+    kept_rows: str = 'full_minibatches'
+    temperature: float = 1.0
+    norm_length: float | None = None
+
+    def __post_init__(self) -> None:
+        if min(self.minibatch_responses_per_rank, self.ppo_epochs) < 1:
+            raise ValueError('train_cfg.minibatch_responses_per_rank and train_cfg.ppo_epochs '
+                             f'must be >= 1, got {self.minibatch_responses_per_rank}, '
+                             f'{self.ppo_epochs}')
+        for name in ('max_tokens_per_micro_batch', 'logprob_max_tokens_per_micro_batch'):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise ValueError(f'train_cfg.{name} must be an int >= 1 or None, got {value!r}')
+        if self.kept_rows not in KEPT_ROWS:
+            raise ValueError(f'train_cfg.kept_rows must be one of {list(KEPT_ROWS)}, got '
+                             f'{self.kept_rows!r}')
+        if self.norm_length is not None and not self.norm_length > 0:
+            raise ValueError(f'train_cfg.norm_length must be > 0 or None, got '
+                             f'{self.norm_length!r}')
+
+    @property
+    def logprob_budget(self) -> int | None:
+        """The old-logprob pass's token budget per micro-batch."""
+        return self.logprob_max_tokens_per_micro_batch or self.max_tokens_per_micro_batch
+
+
+def _unwrapped(model: torch.nn.Module) -> Any:
+    return model.module if is_model_wrapper(model) else model
+
+
+def _packs(policy: Any, batch: ResponseBatch) -> bool:
+    """Whether micro-batches of ``batch`` run packed (the budget counts real tokens)."""
+    return getattr(policy, 'packs', False) and batch.mm_inputs is None
+
+
+@torch.no_grad()
+def old_logprobs(policy: Any, batch: ResponseBatch, settings: UpdateSettings
+                 ) -> tuple[Tensor, Tensor]:
+    """Old-policy logprobs and full-vocabulary entropies of ``batch``.
+
+    One no-grad forward per micro-batch of ``settings.logprob_budget`` tokens.
+
+    Args:
+        policy: the :class:`~gepo_xtuner.model.RLPolicy` (or a wrapper of it).
+        batch: the step's N responses (on the CPU; micro-batches are moved to the
+            policy's device).
+        settings: temperature and token budget.
+
+    Returns:
+        ``(logprobs, entropies)``, each ``(N, R)`` float32 on the CPU, 0 at padding.
+    """
+    policy = _unwrapped(policy)
+    device = next(policy.parameters()).device
+    logprobs = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+    entropies = torch.zeros_like(logprobs)
+    prompt_len, response_len = batch.lengths()
+    for rows in micro_batches(torch.arange(len(batch)), prompt_len, response_len,
+                              settings.logprob_budget, _packs(policy, batch)):
+        part = batch.rows(rows)
+        inputs = LossInputs(part.input_ids, part.attention_mask, part.response_mask,
+                            temperature=settings.temperature,
+                            mm_inputs=None if part.mm_inputs is None
+                            else part.multimodal_inputs()).to(device)
+        lp, ent = policy(inputs=inputs, mode='logprobs')
+        width = part.response_width
+        logprobs[rows, :width] = lp.float().cpu()
+        entropies[rows, :width] = ent.float().cpu()
+    return logprobs, entropies
+
+
+def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
+               old_logprobs: Tensor, advantages: Tensor, keep: Tensor | None,
+               settings: UpdateSettings, *, prime_buckets: bool = False) -> dict[str, float]:
+    """``ppo_epochs`` passes of shuffled minibatches, one optimizer step each.
+
+    Every micro-batch's loss is divided by its minibatch's token (or response) count
+    over ALL ranks (one all-reduce per minibatch) and multiplied by the world size
+    before backward (data-parallel wrappers average gradients), so M micro-batches on
+    P ranks give the gradient of one big batch.
+
+    Rows an advantage processor did not keep (``keep`` False) are in no minibatch and
+    no denominator. Every rank takes the same number of steps per pass:
+    ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any rank
+    and ``kept_rows='full_minibatches'``, that of
+    :func:`~gepo_xtuner.engine.batching.kept_minibatches` (fewer steps of full size;
+    none when nothing is kept).
+
+    Args:
+        model: the policy as the runner holds it (DDP-wrapped or not).
+        optim_wrapper: the run's optimizer wrapper (``accumulative_counts`` 1).
+        batch: the step's N responses.
+        old_logprobs: ``(N, R)`` from :func:`old_logprobs`.
+        advantages: ``(N,)``.
+        keep: ``(N,)`` bool, the rows to train, or None for all.
+        settings: minibatch size, epochs, token budget, temperature, norm length.
+        prime_buckets: give DDP the bucket layout of an uninterrupted run first
+            (after ``--resume``; :func:`~gepo_xtuner.engine.optim_step.prime_gradient_buckets`).
+
+    Returns:
+        ``loss/*`` and ``ratio/*`` of the loss (:class:`MicroBatchStats`),
+        ``optim/steps``, ``optim/micro_batches`` (mean per step), ``optim/rows_trained``,
+        ``optim/minibatch_rows`` (rows per step over all ranks) and
+        ``optim/grad_norm`` (mean before clipping, when the wrapper clips).
+    """
+    device = next(_unwrapped(model).parameters()).device
+    packed = _packs(_unwrapped(model), batch)
+    world, per_rank = dist_world_size(), settings.minibatch_responses_per_rank
+    rows = torch.arange(len(batch)) if keep is None else keep.nonzero().flatten()
+    prompt_len, response_len = batch.lengths()
+    n_total, kept_total = (int(v) for v in all_reduce(
+        torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
+
+    def inputs(part: Tensor, totals: Tensor) -> LossInputs:
+        return loss_inputs(batch, part, old_logprobs, advantages, totals,
+                           temperature=settings.temperature,
+                           norm_length=settings.norm_length).to(device)
+
+    def nothing(totals: Tensor) -> LossInputs:  # a micro-batch with no valid token: loss 0
+        return inputs(torch.arange(1), totals).without_tokens()
+
+    if prime_buckets:
+        prime_gradient_buckets(model, optim_wrapper, nothing(torch.ones(3, dtype=torch.float64)))
+    stats = MicroBatchStats()
+    grad_norms: list[float] = []
+    micro_counts: list[int] = []
+    minibatch_rows: list[float] = []
+    for _ in range(settings.ppo_epochs):
+        if settings.kept_rows == 'full_minibatches' and kept_total < n_total:
+            plan = kept_minibatches(rows, kept_total, per_rank, world)
+        else:
+            plan = minibatches(rows, math.ceil(len(batch) / per_rank))
+        for minibatch in plan:
+            mask = batch.response_mask[minibatch]
+            totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum()),
+                                              float(len(minibatch))], dtype=torch.float64))
+            minibatch_rows.append(float(totals[2]))
+            micro = micro_batches(minibatch, prompt_len, response_len,
+                                  settings.max_tokens_per_micro_batch, packed)
+            micro_counts.append(len(micro))
+            logs, grad_norm = optimizer_step(
+                model, optim_wrapper, [inputs(m, totals) for m in micro],
+                loss_scale=float(world), pad=lambda: nothing(totals))
+            tokens = [int(response_len[m].sum()) for m in micro]
+            stats.add_minibatch(logs, tokens + [0] * (len(logs) - len(tokens)))
+            if grad_norm is not None:
+                grad_norms.append(grad_norm)
+    metrics = stats.reduce()
+    metrics['optim/steps'] = float(len(micro_counts))
+    metrics['optim/micro_batches'] = sum(micro_counts) / max(len(micro_counts), 1)
+    metrics['optim/rows_trained'] = float(len(rows))
+    metrics['optim/minibatch_rows'] = sum(minibatch_rows) / max(len(minibatch_rows), 1)
+    if grad_norms:
+        metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
+    return metrics
+
+
+class MicroBatchStats:
+    """Reduces the loss outputs of micro-batches, minibatches and ranks to step metrics.
+
+    - ``loss/pg``, ``loss/kl_ref``, ``loss/cov_tokens``: each micro-batch
+      holds its share of a minibatch-normalised sum, so they add up over
+      micro-batches and ranks; the step value is their mean over minibatches.
+    - ``loss`` (the objective, ``loss/pg`` plus ``kl_coef * loss/kl_ref``) is not
+      repeated.
+    - ``ratio/max`` / ``ratio/min``: maximum / minimum.
+    - everything else (fractions, means): weighted by the micro-batch's tokens.
+
+    Two all-reduces per step (sum, max), whatever the number of micro-batches.
+    """
+
+    ADDITIVE = ('loss/pg', 'loss/kl_ref', 'loss/cov_tokens')
+    EXTREMES = {'ratio/max': 1.0, 'ratio/min': -1.0}  # sign: reduce all as a max
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.tokens = 0.0
+        self.minibatches = 0
+
+    def add_minibatch(self, logs: list[dict[str, Tensor]], tokens: list[int]) -> None:
+        """One optimizer step's micro-batch outputs and their valid-token counts."""
+        self.minibatches += 1
+        for log_vars, n in zip(logs, tokens):
+            self.tokens += n
+            for key, value in log_vars.items():
+                if key == 'loss':
+                    continue
+                value = float(value)
+                if key in self.EXTREMES:
+                    if n:
+                        v = self.EXTREMES[key] * value
+                        self.extremes[key] = max(self.extremes.get(key, -math.inf), v)
+                    continue
+                weight = 1.0 if key in self.ADDITIVE else float(n)
+                self.sums[key] = self.sums.get(key, 0.0) + weight * value
+
+    def reduce(self) -> dict[str, float]:
+        """The step's metrics over all ranks (a collective)."""
+        keys = sorted(self.sums)
+        sums = all_reduce(torch.tensor([self.sums[k] for k in keys] + [self.tokens],
+                                       dtype=torch.float64)).tolist()
+        tokens = sums.pop()
+        out = {}
+        for key, value in zip(keys, sums):
+            name = key if key.startswith(('loss', 'ratio')) else f'loss/{key}'
+            out[name] = (value / max(self.minibatches, 1) if key in self.ADDITIVE
+                         else value / max(tokens, 1.0))
+        ext_keys = sorted(self.EXTREMES)
+        ext = all_reduce(torch.tensor([self.extremes.get(k, -math.inf) for k in ext_keys],
+                                      dtype=torch.float64), 'max').tolist()
+        for key, value in zip(ext_keys, ext):
+            if math.isfinite(value):
+                out[key] = self.EXTREMES[key] * value
+        return out
+
+
+def entropy_metrics(batch: ResponseBatch, old_logprobs: Tensor, entropy: Tensor,
+                    domain_ids: Tensor, names: list[str]) -> dict[str, float]:
+    """The policy's mean full-vocabulary entropy per response (overall and per domain) and
+    the mean gap between the trainer's and the rollout's logprobs.
+
+    Args:
+        batch: the step's N responses.
+        old_logprobs, entropy: ``(N, R)`` from :func:`old_logprobs`.
+        domain_ids: ``(N,)`` long, index into ``names``.
+        names: the step's domains.
+
+    Returns:
+        ``entropy/policy``, ``entropy/policy/<domain>``, ``rollout/logprob_abs_diff``.
+    """
+    mask = batch.response_mask
+    tokens = mask.sum(1).clamp_min(1)
+    per_seq = torch.where(mask, entropy, 0).sum(1) / tokens
+    metrics = {'entropy/policy': float(per_seq.mean()),
+               'rollout/logprob_abs_diff': float(
+                   torch.where(mask, (old_logprobs - batch.rollout_logprobs).abs(), 0).sum()
+                   / mask.sum().clamp_min(1))}
+    for d, name in enumerate(names):
+        metrics[f'entropy/policy/{name}'] = float(per_seq[domain_ids == d].mean())
+    return metrics
