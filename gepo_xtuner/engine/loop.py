@@ -1,7 +1,5 @@
 """The RL step as an mmengine train loop: rollout -> reward -> advantage -> updates -> sync."""
 
-import difflib
-import inspect
 import logging
 import math
 import time
@@ -18,46 +16,43 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
-from ..ops.distributed import all_reduce, dist_rank, dist_world_size
+from ..ops.distributed import dist_world_size
 from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .batching import Rollouts, build_response_batch, cut_at_tokens
 from .geometry import StepGeometry, check_group_size
+from . import train_cfg
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
 from .requests import check_policy_inputs, encode_request
-from .run_state import (capture_rng, describe_changes, gather_rank_states, rank_entry,
-                        restore_rng, run_settings, seed_streams)
-from .update import UpdateSettings, entropy_metrics, ppo_update
+from .run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
+                        restore_processor_state, resume_streams, run_settings, saved_rank_entry)
+from .update import (NoSignalWatch, UpdateSettings, check_training_sampling, entropy_metrics,
+                     ppo_update)
 from .update import old_logprobs as old_logprobs_of
 from .validation import Validator
-
-#: ``train_cfg`` keys of earlier versions -> the key that replaced them (refused with
-#: the new name, see :meth:`RLTrainLoop.check_keys`).
-RENAMED_KEYS = {'minibatch_size': 'minibatch_responses_per_rank'}
-
 
 @LOOPS.register_module()
 class RLTrainLoop(BaseLoop):
     """Online RL with group-relative advantages (GRPO, GEPO, ...) for ``xtuner train``.
 
-    One loop iteration is one RL step:
+    One loop iteration is one RL step on B prompts (this rank's batch of
+    ``train_dataloader``), five stages of one call each (:meth:`run_iter`):
 
-    1. take B prompts (this rank's batch from ``train_dataloader``);
-    2. sample K responses each from the rollout backend;
-    3. score them with the domain's reward function;
-    4. compute old-policy logprobs (one no-grad forward; they give the importance
-       ratio's denominator AND the group entropy, so GEPO costs no extra pass);
-    5. advantages from the configured processor (an estimator such as GRPO, or a
-       shaper such as GEPO around one; a shaper's state, e.g. GEPO's thresholds,
-       belongs to the loop);
-    6. ``ppo_epochs`` passes over the B*K responses in shuffled minibatches of
-       ``minibatch_responses_per_rank`` responses: one optimizer step each
-       (:func:`optimizer_step`), with the gradients of the minibatch's micro-batches
-       accumulated explicitly;
-    7. hand the new weights to the rollout backend.
+    1. rollout: K responses to each prompt from the rollout backend (:meth:`generate`);
+    2. reward: one per response from the domain's reward function (:meth:`score`);
+    3. advantage: old-policy logprobs (one no-grad pass; they give the importance
+       ratio's denominator AND the group entropy, so GEPO costs no extra pass), then
+       the configured processor (an estimator such as GRPO, or a shaper such as GEPO
+       around one; its state belongs to the loop) (:meth:`advantages`);
+    4. update: ``ppo_epochs`` passes of minibatches, one optimizer step each
+       (:func:`~gepo_xtuner.engine.update.ppo_update`);
+    5. sync: the rollout backend takes the new weights.
+
+    A stage hands the next only its outputs (:class:`~.batching.Rollouts`, rewards,
+    advantages), so rollouts can be produced ahead of the update they feed.
 
     Run state: the loop is the one owner of everything that changes during
     training (the processor's state, the RNG states, the metric history, the
@@ -66,12 +61,6 @@ class RLTrainLoop(BaseLoop):
     :class:`~gepo_xtuner.engine.loop_state_hook.RLLoopStateHook`, which stores that
     dict in every checkpoint under ``'gepo_xtuner/rl_loop'`` and hands it back on
     ``--resume``; configs list no hook for it.
-
-    Loss normalisation: every micro-batch's loss is divided by the minibatch's
-    token (or response) count over ALL ranks (one all-reduce per minibatch) and
-    multiplied by the world size before backward (data-parallel wrappers average
-    gradients), so M micro-batches on P ranks give the gradient of one big batch,
-    whatever the split and however unequal the ranks' token counts.
 
     Metrics of the step go to the runner as the iteration's outputs (logged by
     mmengine's LoggerHook and visualizer backends as ``train/<name>``).
@@ -95,28 +84,10 @@ class RLTrainLoop(BaseLoop):
             (records with chat ``messages`` use the tokenizer's chat template instead).
             Records with ``images`` go through the policy's processor, see
             :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
-        minibatch_responses_per_rank: responses per optimizer step on one rank (the
-            paper's minibatch of 32 prompts x K=16 is 512 responses over all ranks).
-            Optimizer steps per pass: ``ceil(B*K / minibatch_responses_per_rank)``, or fewer
-            on steps where the advantage processor removed rows (``kept_rows``).
-        kept_rows: how the rows are trained when the advantage processor removed some
-            (AEPO while its gate is on): ``'full_minibatches'`` (default, as AEPO's
-            authors ran it on verl: the kept rows in minibatches of
-            ``minibatch_responses_per_rank``, so fewer optimizer steps of full size, see
-            :func:`kept_minibatches`) or
-            ``'spread'`` (the step count of the full batch, kept rows spread over it:
-            more, smaller optimizer steps).
-        max_tokens_per_micro_batch: token budget of one forward/backward: a
-            minibatch is split into the fewest micro-batches whose padded block
-            (``rows x (longest prompt + longest response)``) fits, balanced
-            (:func:`~gepo_xtuner.engine.batching.micro_batches`); when the policy
-            packs sequences (``model.packing``, text-only steps) the budget counts
-            real tokens instead, ``sum (prompt + response)``; None: one
-            micro-batch per minibatch. The optimizer wrapper must not set
-            ``accumulative_counts``: the loop accumulates.
-        logprob_max_tokens_per_micro_batch: the same budget for the no-grad
-            old-logprob pass; defaults to ``max_tokens_per_micro_batch``.
-        ppo_epochs: passes over each rollout batch.
+        minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
+        logprob_max_tokens_per_micro_batch, kept_rows, norm_length: how the update runs,
+            typed and documented once, in :class:`~gepo_xtuner.engine.update.UpdateSettings`.
+            The optimizer wrapper must not set ``accumulative_counts``: the loop accumulates.
         val: optional :class:`~gepo_xtuner.engine.validation.Validator` arguments:
             ``dict(path=..., interval=...)`` (one held-out file, logged per domain as
             ``val/<domain>/acc``) and/or ``benchmarks=[dict(name=..., path=..., n=...,
@@ -165,8 +136,7 @@ class RLTrainLoop(BaseLoop):
                                     minibatch_responses)
             for warning in geometry.warnings():
                 print_log(warning, logger='current', level=logging.WARNING)
-        self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
-        self._no_signal_steps = 0
+        self.no_signal = NoSignalWatch()  # warns after steps without gradient signal
         self.step_metrics: dict[str, float] = {}  # what the current step logged
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
@@ -176,12 +146,8 @@ class RLTrainLoop(BaseLoop):
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
-        # every record must be scorable by its reward: a bad file fails now, not at step 1
-        records = getattr(getattr(self.dataloader, 'dataset', None), 'records', None)
-        if isinstance(records, list):
-            self.rewards.check_records(records, 'train_dataloader.dataset')
-        for vs in (self.validator.sets if self.validator else ()):
-            self.rewards.check_records(vs.records, f'train_cfg.val {vs.name or "path"}')
+        for where, records in self._record_sets().items():  # scorable? fail now, not at step 1
+            self.rewards.check_records(records, where)
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
         # what a checkpoint's steps mean; compared on --resume
         self.settings = run_settings(num_responses=num_responses, prompts_per_rank=prompts,
@@ -198,28 +164,14 @@ class RLTrainLoop(BaseLoop):
 
     @classmethod
     def check_keys(cls, keys: Iterable[str]) -> None:
-        """Refuses ``train_cfg`` keys the loop does not take, saying what was meant.
+        """Refuses ``train_cfg`` keys the loop does not take, saying what was meant
+        (:func:`~gepo_xtuner.engine.train_cfg.check_keys`)."""
+        train_cfg.check_keys(cls.__init__, keys)
 
-        Raises:
-            TypeError: for each unknown key, the key that replaced it
-                (:data:`RENAMED_KEYS`) or the closest key the loop takes.
-        """
-        params = inspect.signature(cls.__init__).parameters
-        accepted = [name for name, p in params.items() if p.kind is not p.VAR_KEYWORD
-                    and name not in ('self', 'runner', 'dataloader')]
-        unknown = [key for key in keys if key not in accepted and key != 'type']
-        if not unknown:
-            return
-        hints = []
-        for key in unknown:
-            if key in RENAMED_KEYS:
-                hints.append(f'train_cfg.{key} was renamed: use train_cfg.{RENAMED_KEYS[key]}')
-            elif close := difflib.get_close_matches(key, accepted, n=1):
-                hints.append(f'did you mean train_cfg.{close[0]}?')
-        names = ', '.join(repr(key) for key in unknown)
-        plural = 's' if len(unknown) > 1 else ''
-        raise TypeError(f'got an unexpected keyword argument{plural} {names}'
-                        + (f' ({"; ".join(hints)})' if hints else ''))
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``train_cfg`` key -> default, read from this constructor (the one place)."""
+        return train_cfg.defaults(cls.__init__)
 
     # what mmengine's runner and hooks read of a loop
     max_epochs = property(lambda self: self._max_epochs)
@@ -248,7 +200,9 @@ class RLTrainLoop(BaseLoop):
         self.runner.call_hook('before_train')
         policy = self.policy
         tokenizer = policy.tokenizer
-        self._check_policy_inputs(policy)
+        for warning in check_policy_inputs(self._record_sets(), tokenizer,  # chat, images
+                                           getattr(policy, 'processor', None)):
+            print_log(warning, logger='current', level=logging.WARNING)
         self.rollout.attach(policy.llm, tokenizer)
         self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
         cfg = dict(self._sampling_cfg)
@@ -273,7 +227,7 @@ class RLTrainLoop(BaseLoop):
             self.rollout.update_weights(policy.llm)
             self._prime_buckets = True  # DDP: the bucket layout of the uninterrupted run
         if self._resume is not None:  # ... then continue this rank's saved random streams
-            self._restore_rank_state(self._resume)
+            resume_streams(self._resume['entry'], self.runner.seed, self._iter)
             self._resume = None
         if self.validator is not None and self._iter == 0:  # the starting point
             with isolated_rng(self.runner.seed, 0):
@@ -290,15 +244,13 @@ class RLTrainLoop(BaseLoop):
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched
         return self.runner.model
 
-    def _check_policy_inputs(self, policy) -> None:
-        """Chat records, images: readable by this policy? (before the first step)"""
-        sets = {'train_dataloader.dataset':
-                getattr(getattr(self.dataloader, 'dataset', None), 'records', None) or []}
+    def _record_sets(self) -> dict[str, list[dict]]:
+        """The records the run reads, by where they are configured (checked at start)."""
+        records = getattr(getattr(self.dataloader, 'dataset', None), 'records', None)
+        sets = {'train_dataloader.dataset': records} if isinstance(records, list) else {}
         for vs in (self.validator.sets if self.validator else ()):
             sets[f'train_cfg.val {vs.name or "path"}'] = vs.records
-        for warning in check_policy_inputs(sets, policy.tokenizer,
-                                           getattr(policy, 'processor', None)):
-            print_log(warning, logger='current', level=logging.WARNING)
+        return sets
 
     def encode_requests(self, records: list[dict]) -> list[RolloutRequest]:
         """Rollout requests for ``records``: token ids, and for records with images the
@@ -311,20 +263,11 @@ class RLTrainLoop(BaseLoop):
 
     # -- run state -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything of the run that changes during training, as of the end of this step.
-
-        Returns:
-            ``ranks`` (one entry per data-parallel rank, in rank order, gathered at the
-            end of the step: ``rng``, the torch/CUDA, NumPy and Python states that
-            sampling, minibatch shuffles and Clip-Cov's unseeded token choice draw
-            from; ``policy_loss``, e.g. Clip-Cov's seeded generators; ``rollout``, the
-            backend's counters), ``history`` (per-step metrics, for the
-            training-curve figure), ``advantage`` (``dict(processor=<class name>,
-            state=...)``, stateful processors only; the same on every rank) and
-            ``settings`` (:func:`~gepo_xtuner.engine.run_state.run_settings`, compared
-            on resume). The data position needs no entry: on resume the loop skips
-            the prompts of the completed steps, which mmengine's samplers replay
-            deterministically.
+        """Everything of the run that changes during training, as of the end of this step:
+        ``ranks`` (each rank's ``rng``, ``policy_loss`` and ``rollout`` state, gathered at
+        the end of the step), ``history`` (per-step metrics), ``advantage`` (stateful
+        processors only) and ``settings``; the keys are described in
+        :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
@@ -339,35 +282,16 @@ class RLTrainLoop(BaseLoop):
         return dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
                     rollout=self.rollout.state_dict())
 
-    def _restore_rank_state(self, resume: dict[str, Any]) -> None:
-        """Sets this rank's saved random streams (at the start of :meth:`run`, once the
-        used prompts are skipped), or seeds streams of its own when it has none."""
-        entry = resume['entry']
-        if entry is None:
-            seed_streams(self.runner.seed, dist_rank(), self._iter)
-        elif entry.get('rng') is not None:
-            restore_rng(entry['rng'])
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
 
-        Rank ``r`` takes entry ``r`` of ``ranks`` (applied at the start of
-        :meth:`run`); a checkpoint of another world size is explained in the log
-        (:func:`~gepo_xtuner.engine.run_state.rank_entry`). Settings that differ from
-        the checkpoint's are listed with what the change means. Checkpoints of earlier
-        versions hold one ``rng`` entry (rank 0's): every rank restores it, with a
-        warning when there are several ranks. A missing entry, or processor state of
-        another processor class, leaves that part fresh and says so in the log.
+        Rank ``r`` takes its entry (:func:`~gepo_xtuner.engine.run_state.saved_rank_entry`;
+        its random streams at the start of :meth:`run`). Settings that differ from the
+        checkpoint's are listed with what the change means. A missing entry, or processor
+        state of another processor class, leaves that part fresh and says so in the log.
         """
         self.history = list(state.get('history', []))
-        if 'ranks' in state:
-            entry, warning = rank_entry(state['ranks'])
-        else:  # earlier versions: rank 0's streams only
-            entry = {k: state[k] for k in ('rng', 'policy_loss', 'rollout') if k in state}
-            warning = None if dist_world_size() == 1 else (
-                'the checkpoint holds the random state of rank 0 only (written by an earlier '
-                'version): every rank continues from it, so the run will not repeat an '
-                'uninterrupted one exactly')
+        entry, warning = saved_rank_entry(state)
         self._resume = dict(entry=entry)
         if entry is not None and 'policy_loss' in entry:
             self.policy.policy_loss.load_state_dict(entry['policy_loss'])
@@ -377,20 +301,7 @@ class RLTrainLoop(BaseLoop):
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
             print_log(line, logger='current', level=logging.WARNING)
-        if self.advantage_state is None:
-            return
-        current = type(self.advantage).__name__
-        saved = state.get('advantage')
-        if saved is None:
-            print_log(f'checkpoint has no advantage state for {current}; its state (e.g. '
-                      "GEPO's entropy band) starts fresh", logger='current', level=logging.WARNING)
-        elif saved['processor'] != current:
-            print_log(f'checkpoint holds {saved["processor"]} state but this run uses '
-                      f'{current}; the advantage state starts fresh', logger='current',
-                      level=logging.WARNING)
-        else:
-            self.advantage_state.load_state_dict(saved['state'])
-            print_log(f'restored {current} state: {saved["state"]}', logger='current')
+        restore_processor_state(self.advantage, self.advantage_state, state.get('advantage'))
 
     def _validate(self) -> dict[str, float]:
         return self.validator.run(self.rollout, self.rewards, self.policy.tokenizer,
@@ -447,7 +358,7 @@ class RLTrainLoop(BaseLoop):
                          domain_names=names, prompt_ids=[r['id'] for r in rows]),
             self.advantage_state)
         metrics.update(adv.metrics)
-        self._check_signal(adv.advantages, metrics)
+        self.no_signal.observe(adv.advantages, metrics)
         metrics.update(entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
         return old_logprobs, adv
 
@@ -481,38 +392,9 @@ class RLTrainLoop(BaseLoop):
                               data_batch=rollouts.records, outputs=metrics)
         self._iter += 1
 
-    def _check_signal(self, advantages: torch.Tensor, metrics: dict[str, float]) -> None:
-        """Warns when no response of the global batch has had a non-zero advantage for
-        ``no_signal_warn_steps`` steps in a row: such steps change nothing (``loss/pg``
-        0, gradient 0) but cost a full rollout."""
-        nonzero = all_reduce(torch.tensor([float((advantages != 0).sum())], dtype=torch.float64))
-        self._no_signal_steps = 0 if nonzero.item() > 0 else self._no_signal_steps + 1
-        if self._no_signal_steps == self.no_signal_warn_steps:
-            print_log(
-                f'no learning signal for {self._no_signal_steps} steps: every response had '
-                f'advantage 0 (reward/mean {metrics.get("reward/mean", float("nan")):.3f}; '
-                'within each group all rewards were equal). Check that the reward function can '
-                'score this policy (tools/evaluate.py on a few records), or raise '
-                'num_responses, the sampling temperature, or use easier prompts / a warm-started '
-                'model', logger='current', level=logging.WARNING)
-
     def _log_validation(self, step: int, metrics: dict[str, float]) -> None:
         shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
         self.runner.logger.info(f'Validation at step {step}: {shown}')
-
-
-@contextmanager
-def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
-    """Runs the block on torch RNG streams of its own, seeded from ``(seed, step)``.
-
-    Validation samples with it, so the training stream (which the checkpoint
-    saves) is the same whether or not a validation ran: a run resumed with a
-    different ``max_steps`` (whose last step validates) continues exactly.
-    """
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(((seed or 0) * 1_000_003 + step) % 2**63)
-        yield
 
 
 class StageClock:
@@ -526,24 +408,3 @@ class StageClock:
         start = time.perf_counter()
         yield
         self.seconds[stage] = time.perf_counter() - start
-
-
-def check_training_sampling(params: SamplingParams) -> None:
-    """Refuses sampling settings whose distribution the trainer cannot score.
-
-    The trainer's logprobs (importance ratio, GEPO's group entropy) are those of
-    ``softmax(logits / temperature)``; nucleus or top-k truncation would make the
-    sampled distribution a different one.
-
-    Raises:
-        ValueError: naming the setting and the value to use.
-    """
-    if params.temperature <= 0:
-        raise ValueError('train_cfg.sampling.temperature must be > 0 for training (greedy '
-                         'decoding has no sampling distribution to score); the paper uses 1.0')
-    if params.top_p < 1.0 or params.top_k > 0:
-        raise ValueError(
-            f'train_cfg.sampling has top_p={params.top_p}, top_k={params.top_k}: the trainer '
-            'scores responses under the full softmax(logits / temperature), so a truncated '
-            'sampling distribution would bias the importance ratio and the group entropy; set '
-            'top_p=1.0 and top_k=0 (validation may still use them, train_cfg.val)')

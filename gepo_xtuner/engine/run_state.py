@@ -15,17 +15,22 @@ and a resume under other settings says what changed and what it means
 """
 
 import hashlib
+import logging
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from mmengine.logging import print_log
 
 from ..ops.distributed import dist_rank, dist_world_size
 
-__all__ = ['capture_rng', 'describe_changes', 'gather_rank_states', 'rank_entry',
-           'restore_rng', 'run_settings', 'seed_streams']
+__all__ = ['capture_rng', 'describe_changes', 'gather_rank_states', 'isolated_rng',
+           'rank_entry', 'restore_processor_state', 'restore_rng', 'resume_streams',
+           'run_settings', 'saved_rank_entry', 'seed_streams']
 
 
 def capture_rng() -> dict[str, Any]:
@@ -165,3 +170,70 @@ def describe_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
         old, new = saved[key], current[key]
         lines.append(f'{key}: {old!r} -> {new!r}: ' + meaning.format(old=old, new=new))
     return lines
+
+
+@contextmanager
+def isolated_rng(seed: int | None, step: int) -> Iterator[None]:
+    """Runs the block on torch RNG streams of its own, seeded from ``(seed, step)``.
+
+    Validation samples with it, so the training stream (which the checkpoint
+    saves) is the same whether or not a validation ran: a run resumed with a
+    different ``max_steps`` (whose last step validates) continues exactly.
+    """
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(((seed or 0) * 1_000_003 + step) % 2**63)
+        yield
+
+
+def restore_processor_state(processor: Any, state: Any, saved: dict[str, Any] | None) -> None:
+    """Loads an advantage processor's checkpointed state into ``state`` (its live state).
+
+    Args:
+        processor: the run's advantage processor.
+        state: its state object (``processor.init_state()``); None for a stateless one.
+        saved: the checkpoint's ``dict(processor=<class name>, state=...)``, or None.
+
+    A missing entry, or one of another processor class, leaves the state fresh and
+    says so in the log.
+    """
+    if state is None:
+        return
+    current = type(processor).__name__
+    if saved is None:
+        print_log(f'checkpoint has no advantage state for {current}; its state (e.g. '
+                  "GEPO's entropy band) starts fresh", logger='current', level=logging.WARNING)
+    elif saved['processor'] != current:
+        print_log(f'checkpoint holds {saved["processor"]} state but this run uses '
+                  f'{current}; the advantage state starts fresh', logger='current',
+                  level=logging.WARNING)
+    else:
+        state.load_state_dict(saved['state'])
+        print_log(f'restored {current} state: {saved["state"]}', logger='current')
+
+
+def saved_rank_entry(state: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """This rank's entry of a loop checkpoint (:func:`rank_entry` of its ``ranks``), and a
+    warning or None.
+
+    Checkpoints of earlier versions hold one entry at the top level (rank 0's ``rng``,
+    ``policy_loss``, ``rollout``): every rank takes it, with a warning when there are
+    several ranks.
+    """
+    if 'ranks' in state:
+        return rank_entry(state['ranks'])
+    entry = {k: state[k] for k in ('rng', 'policy_loss', 'rollout') if k in state}
+    return entry, None if dist_world_size() == 1 else (
+        'the checkpoint holds the random state of rank 0 only (written by an earlier '
+        'version): every rank continues from it, so the run will not repeat an '
+        'uninterrupted one exactly')
+
+
+def resume_streams(entry: dict[str, Any] | None, seed: int | None, step: int) -> None:
+    """Sets this rank's saved random streams (once the used prompts are skipped), or seeds
+    streams of its own when it has no entry (:func:`seed_streams`)."""
+    if entry is None:
+        seed_streams(seed, dist_rank(), step)
+    elif entry.get('rng') is not None:
+        restore_rng(entry['rng'])
+

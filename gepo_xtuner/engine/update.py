@@ -14,11 +14,13 @@ each split into micro-batches by a token budget and handed to
 :class:`MicroBatchStats` reduces the micro-batches' loss outputs to the step's metrics.
 """
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
@@ -27,8 +29,10 @@ from .batching import KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, m
     minibatches
 from .optim_step import optimizer_step, prime_gradient_buckets
 from ..ops.distributed import all_reduce, dist_world_size
+from ..rollout import SamplingParams
 
-__all__ = ['UpdateSettings', 'old_logprobs', 'ppo_update', 'MicroBatchStats', 'entropy_metrics']
+__all__ = ['UpdateSettings', 'old_logprobs', 'ppo_update', 'MicroBatchStats', 'entropy_metrics',
+           'NoSignalWatch', 'check_training_sampling']
 
 
 @dataclass(frozen=True)
@@ -36,20 +40,33 @@ class UpdateSettings:
     """How the trainer side of a step runs; ``train_cfg`` fields of the same names.
 
     Attributes:
-        minibatch_responses_per_rank: responses per optimizer step on one rank.
-        ppo_epochs: passes over the step's responses.
-        max_tokens_per_micro_batch: token budget of one forward/backward
-            (:func:`~gepo_xtuner.engine.batching.micro_batches`); None: one micro-batch
-            per minibatch.
-        logprob_max_tokens_per_micro_batch: the same for the no-grad old-logprob pass;
-            None: ``max_tokens_per_micro_batch``.
-        kept_rows: ``'full_minibatches'`` or ``'spread'``, how rows an advantage
-            processor kept are trained (see :func:`ppo_update`).
+        minibatch_responses_per_rank: responses per optimizer step on one rank (the
+            paper's minibatch of 32 prompts x K=16 is 512 responses over all ranks).
+            Optimizer steps per pass: ``ceil(N / minibatch_responses_per_rank)``, or fewer
+            on steps where the advantage processor removed rows (``kept_rows``).
+        ppo_epochs: passes over each rollout batch.
+        max_tokens_per_micro_batch: token budget of one forward/backward: a
+            minibatch is split into the fewest micro-batches whose padded block
+            (``rows x (longest prompt + longest response)``) fits, balanced
+            (:func:`~gepo_xtuner.engine.batching.micro_batches`); when the policy
+            packs sequences (``model.packing``, text-only steps) the budget counts
+            real tokens instead, ``sum (prompt + response)``; None: one
+            micro-batch per minibatch.
+        logprob_max_tokens_per_micro_batch: the same budget for the no-grad
+            old-logprob pass; None: ``max_tokens_per_micro_batch``.
+        kept_rows: how the rows are trained when the advantage processor removed some
+            (AEPO while its gate is on): ``'full_minibatches'`` (default, as AEPO's
+            authors ran it on verl: the kept rows in minibatches of
+            ``minibatch_responses_per_rank``, so fewer optimizer steps of full size, see
+            :func:`~gepo_xtuner.engine.batching.kept_minibatches`) or ``'spread'`` (the
+            step count of the full batch, kept rows spread over it: more, smaller
+            optimizer steps).
         temperature: the sampling temperature: every logprob is one of
-            ``softmax(logits / temperature)``.
-        norm_length: ``L`` of the ``'seq-mean-token-sum-norm'`` aggregation (Dr.GRPO's
-            constant length; the loop passes ``train_cfg.norm_length``, by default the
-            generation cap ``sampling.max_new_tokens``). None: the padded width.
+            ``softmax(logits / temperature)`` (the loop sets ``sampling.temperature``).
+        norm_length: ``L``, the constant length the ``'seq-mean-token-sum-norm'`` loss
+            aggregation (Dr.GRPO) divides by; other aggregations ignore it. The loop
+            passes ``train_cfg.norm_length``, by default ``sampling.max_new_tokens`` (the
+            generation cap, as Dr.GRPO's authors ran it). None: the padded width.
     """
 
     minibatch_responses_per_rank: int
@@ -296,3 +313,53 @@ def entropy_metrics(batch: ResponseBatch, old_logprobs: Tensor, entropy: Tensor,
     for d, name in enumerate(names):
         metrics[f'entropy/policy/{name}'] = float(per_seq[domain_ids == d].mean())
     return metrics
+
+
+class NoSignalWatch:
+    """Warns when no response of the global batch has had a non-zero advantage for
+    ``steps`` steps in a row: such steps change nothing (``loss/pg`` 0, gradient 0) but
+    cost a full rollout.
+
+    Args:
+        steps: consecutive steps without signal before the warning.
+    """
+
+    def __init__(self, steps: int = 3) -> None:
+        self.steps = steps
+        self.quiet = 0  # consecutive steps without signal so far
+
+    def observe(self, advantages: Tensor, metrics: dict[str, float]) -> None:
+        """Counts this step (a collective: one all-reduce) and warns at ``steps``."""
+        nonzero = all_reduce(torch.tensor([float((advantages != 0).sum())],
+                                          dtype=torch.float64))
+        self.quiet = 0 if nonzero.item() > 0 else self.quiet + 1
+        if self.quiet == self.steps:
+            print_log(
+                f'no learning signal for {self.quiet} steps: every response had advantage 0 '
+                f'(reward/mean {metrics.get("reward/mean", float("nan")):.3f}; within each '
+                'group all rewards were equal). Check that the reward function can score this '
+                'policy (tools/evaluate.py on a few records), or raise num_responses, the '
+                'sampling temperature, or use easier prompts / a warm-started model',
+                logger='current', level=logging.WARNING)
+
+
+def check_training_sampling(params: SamplingParams) -> None:
+    """Refuses sampling settings whose distribution the trainer cannot score.
+
+    The trainer's logprobs (importance ratio, GEPO's group entropy) are those of
+    ``softmax(logits / temperature)``; nucleus or top-k truncation would make the
+    sampled distribution a different one.
+
+    Raises:
+        ValueError: naming the setting and the value to use.
+    """
+    if params.temperature <= 0:
+        raise ValueError('train_cfg.sampling.temperature must be > 0 for training (greedy '
+                         'decoding has no sampling distribution to score); the paper uses 1.0')
+    if params.top_p < 1.0 or params.top_k > 0:
+        raise ValueError(
+            f'train_cfg.sampling has top_p={params.top_p}, top_k={params.top_k}: the trainer '
+            'scores responses under the full softmax(logits / temperature), so a truncated '
+            'sampling distribution would bias the importance ratio and the group entropy; set '
+            'top_p=1.0 and top_k=0 (validation may still use them, train_cfg.val)')
+
