@@ -163,6 +163,10 @@ def response_token_sums(values: Tensor, mask: Tensor,
 
 #: Metrics of what shaping did: shares of responses damped (positive / negative) or removed.
 SHAPING_KEYS = ('shaping/frac_damped_pos', 'shaping/frac_damped_neg', 'shaping/frac_removed')
+#: Where the RL loop logs ``AdvantageOutput.band`` (``low``, ``high``) of whichever shaper
+#: returned one: the console line and the training-curve figure read these names, so any
+#: shaper's band is shown without copying another shaper's metric names.
+BAND_KEYS = ('band/low', 'band/high')
 
 
 class AdvantageProcessor(abc.ABC):

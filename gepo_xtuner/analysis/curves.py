@@ -4,6 +4,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: no backend is selected, files only
 
+from ..advantage.base import BAND_KEYS
+
 Series = dict[str, tuple[list[float], list[float]]]
 
 
@@ -21,21 +23,21 @@ def _series(history: list[dict], prefix: str, suffix: str = '') -> Series:
     return out
 
 
-def _band(history: list[dict]) -> tuple[list[float], list[float], list[float]]:
-    """Steps and ``[gepo/h_low, gepo/h_high]`` of the steps that have a band."""
-    rows = [r for r in history if r.get('gepo/h_low') is not None
-            and r.get('gepo/h_high') is not None and r['gepo/h_low'] == r['gepo/h_low']]
-    return ([r['step'] for r in rows], [r['gepo/h_low'] for r in rows],
-            [r['gepo/h_high'] for r in rows])
+def band_series(history: list[dict]) -> tuple[list[float], list[float], list[float]]:
+    """Steps and ``[band/low, band/high]`` of the steps that have a band (any shaper's)."""
+    low, high = BAND_KEYS
+    rows = [r for r in history if r.get(low) is not None
+            and r.get(high) is not None and r[low] == r[low]]
+    return [r['step'] for r in rows], [r[low] for r in rows], [r[high] for r in rows]
 
 
 def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Path:
     """Four panels over steps, one colour per domain in all of them.
 
     1. group entropy ``H_g`` per domain (``entropy/group_nll/<domain>``, the paper's
-       Figures 4-5) with GEPO's band ``[H_low, H_high]`` (``gepo/h_low|h_high``)
-       shaded: groups below it have positive advantages damped, groups above it
-       negative ones;
+       Figures 4-5) with the shaper's band ``[low, high]`` (``band/low|high``, whatever
+       shaper returned one; GEPO's ``[H_low, H_high]``) shaded: for GEPO, groups below it
+       have positive advantages damped, groups above it negative ones;
     2. training reward per domain (``reward/mean/<domain>``);
     3. share of responses whose advantage was damped, per domain: positive
        (``shaping/frac_damped_pos/<domain>``, solid) and negative (``..._neg``, dashed);
@@ -62,9 +64,9 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
 
     fig = Figure(figsize=(12, 8.5))
     (ax_h, ax_r), (ax_s, ax_v) = fig.subplots(2, 2, sharex=True)
-    steps, low, high = _band(history)
+    steps, low, high = band_series(history)
     if steps:
-        ax_h.fill_between(steps, low, high, color='0.85', label='GEPO band [H_low, H_high]')
+        ax_h.fill_between(steps, low, high, color='0.85', label='shaper band [low, high]')
         ax_h.plot(steps, low, color='0.5', lw=0.8)
         ax_h.plot(steps, high, color='0.5', lw=0.8)
     for ax, series in ((ax_h, entropy), (ax_r, reward), (ax_v, val)):

@@ -4,10 +4,12 @@ from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
+from ..advantage.base import BAND_KEYS
+
 #: The console line: ``(label, metrics)``, shown when the step has all the metrics; two
 #: metrics print as ``a/b``. Shaping shares are of the step's responses.
 SUMMARY = (('reward', ('reward/mean',)), ('val', ('val/acc',)),
-           ('H_nll', ('entropy/group_nll_mean',)), ('band', ('gepo/h_low', 'gepo/h_high')),
+           ('H_nll', ('entropy/group_nll_mean',)), ('band', BAND_KEYS),
            ('damped+/-', ('shaping/frac_damped_pos', 'shaping/frac_damped_neg')),
            ('pg', ('loss/pg',)), ('grad_norm', ('optim/grad_norm',)),
            ('s/step', ('time/step',)))

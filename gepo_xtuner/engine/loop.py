@@ -16,6 +16,7 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import RolloutBatch, encode_domains
+from ..advantage.base import BAND_KEYS
 from ..ops.distributed import dist_world_size
 from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
@@ -358,6 +359,8 @@ class RLTrainLoop(BaseLoop):
                          domain_names=names, prompt_ids=[r['id'] for r in rows]),
             self.advantage_state)
         metrics.update(adv.metrics)
+        if adv.band is not None:  # any shaper's band, under one name: console and figure
+            metrics.update({BAND_KEYS[0]: adv.band.low, BAND_KEYS[1]: adv.band.high})
         self.no_signal.observe(adv.advantages, metrics)
         metrics.update(entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
         return old_logprobs, adv

@@ -1,18 +1,22 @@
 """Test-only plugins imported by the training subprocesses through ``custom_imports``.
 
 They are registered like any user plugin: a reward with signal even for an
-untrained policy, a reward that fails on chosen records, and an observer hook
-that writes each rank's advantage state after every step.
+untrained policy, a reward that fails on chosen records, a shaper with an entropy band
+of its own (not GEPO's), and an observer hook that writes each rank's advantage state
+after every step.
 """
 
 import json
 import os
 
+import torch
 import torch.distributed as dist
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from gepo_xtuner.registry import REWARDS
+from gepo_xtuner.advantage import AdvantageShaper
+from gepo_xtuner.advantage.base import EntropyBand, Shaping
+from gepo_xtuner.registry import ADVANTAGES, REWARDS
 
 
 @REWARDS.register_module()
@@ -38,6 +42,22 @@ class FlakyReward(ShortAnswerReward):
         if record['id'] in self.fail_ids:
             raise RuntimeError(f'verifier crashed on {record["id"]}')
         return super().__call__(completion, record)
+
+
+@ADVANTAGES.register_module()
+class QuartileBandShaper(AdvantageShaper):
+    """Leaves the advantages as they are and reports the group entropies' quartiles as its
+    band: a shaper whose band has nothing of GEPO's (no state, no EMA, no ``gepo/`` name)."""
+
+    def shape(self, advantages, groups, batch, state) -> Shaping:
+        entropy = groups.entropy[groups.has_tokens]
+        low, high = (float(q) for q in torch.quantile(entropy, torch.tensor(
+            [0.25, 0.75], dtype=entropy.dtype)))
+        shaping = Shaping.identity(advantages)
+        shaping.band = EntropyBand(low, high, float(entropy.mean()),
+                                   float(entropy.std(unbiased=False)), len(entropy))
+        shaping.metrics = {'quartile/iqr': high - low}
+        return shaping
 
 
 @HOOKS.register_module()

@@ -122,6 +122,29 @@ def test_gepo_shaped_rloo_trains(tmp_path, tiny_dir):
         assert notice not in out
 
 
+def test_any_shapers_band_reaches_the_console_and_the_figure(tmp_path, tiny_dir):
+    """A shaper written for this test (``plugins.QuartileBandShaper``, no GEPO name) returns a
+    band; the loop logs it as ``band/low|high``, which the console line and the figure read."""
+    from gepo_xtuner.analysis.curves import band_series
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(advantage=dict(_delete_=True, type='QuartileBandShaper'))
+    """)
+    work = tmp_path / 'run'
+    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val.interval=100')
+    logged = scalars(work)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if 'Iter(train)' in line]
+    assert len(lines) == 2
+    for step, line in zip((1, 2), lines):
+        low, high = logged[step]['band/low'], logged[step]['band/high']
+        assert low <= high and 'quartile/iqr' in logged[step]
+        assert not any(key.startswith('gepo/') for key in logged[step]), logged[step]
+        assert f'band {low:.3g}/{high:.3g}' in line, line
+    history = json.loads((work / 'training_curves.json').read_text())
+    steps, low, high = band_series(history)
+    assert steps == [1.0, 2.0] and low == [logged[1]['band/low'], logged[2]['band/low']]
+    assert (work / 'training_curves.png').read_bytes()[:4] == b'\x89PNG'
+
+
 def test_a_checkpoint_without_processor_state_warns_and_resumes(tmp_path, tiny_dir):
     cfg = write_config(tmp_path)
     full = tmp_path / 'full'
