@@ -14,6 +14,18 @@ from gepo_xtuner.advantage import RolloutBatch, encode_domains
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope='module')
+def one_thread():
+    """Torch on one thread for a module's tests (``pytestmark =
+    pytest.mark.usefixtures('one_thread')``): tiny models and greedy decoding, as warm starts
+    train; on a loaded 2-core machine two busy-waiting OpenMP threads make small ops many
+    times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_len: int = 9,
                  domains: tuple[str, ...] = ('math', 'physics', 'code')) -> RolloutBatch:
     """A shuffled batch with ragged groups, ties, empty responses and sparse group ids.

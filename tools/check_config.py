@@ -301,6 +301,10 @@ class Checker:
         if loop_cls is not None:
             self.bind(loop_cls, loop, 'train_cfg', None, None)
         self.check_data(cfg.get('train_dataloader') or {}, DATASETS, DATA_SAMPLERS, FUNCTIONS)
+        from mmengine.config import ConfigDict
+
+        from gepo_xtuner.engine.loop import RLTrainLoop
+        loop = ConfigDict({**RLTrainLoop.defaults(), **loop})  # the loop's own defaults
         self.check_loop(loop)
         self.check_batch(loop, cfg.get('optim_wrapper') or {})
         self.check_optim(cfg.get('optim_wrapper') or {}, OPTIM_WRAPPERS, OPTIMIZERS)
@@ -372,16 +376,16 @@ class Checker:
         processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
         if processor is not None:
             self.rows['algorithm'] = describe(loop.advantage, type(processor))
-        self.rows['K (responses per prompt)'] = str(loop.get('num_responses', 8))
+        self.rows['K (responses per prompt)'] = str(loop.num_responses)
         if processor is not None:
             from gepo_xtuner.engine.geometry import check_group_size
             try:  # the loop's own check
-                check_group_size(processor, loop.get('num_responses', 8))
+                check_group_size(processor, loop.num_responses)
             except ValueError as exc:
                 self.problem('train_cfg', str(exc))
         try:
             params = SamplingParams(**dict(loop.get('sampling') or {}),
-                                    n=loop.get('num_responses', 8))
+                                    n=loop.num_responses)
             self.rows['sampling'] = (f'temperature {params.temperature}, top_p {params.top_p}, '
                                      f'top_k {params.top_k}, max_new_tokens '
                                      f'{params.max_new_tokens}')
@@ -389,7 +393,9 @@ class Checker:
             self.problem('train_cfg.sampling', exc)
         val = loop.get('val')
         if val:
+            from gepo_xtuner.engine.train_cfg import defaults
             from gepo_xtuner.engine.validation import Validator
+            val = {**defaults(Validator.__init__), **val}  # the validator's own defaults
             sets = []
             read = dict(fields=val.get('fields'), default_domain=val.get('default_domain'))
             if val.get('path') is not None:
@@ -408,7 +414,7 @@ class Checker:
                 sets.append(f'{bench.get("name", "?")}: {where}')
             if not sets:
                 self.problem('train_cfg.val', 'give path=... and/or benchmarks=[...]')
-            self.rows['validation'] = f'{"; ".join(sets)}, every {val.get("interval", 10)} steps'
+            self.rows['validation'] = f'{"; ".join(sets)}, every {val["interval"]} steps'
         self.rows['steps'] = str(loop.get('max_steps'))
         rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:
@@ -446,9 +452,8 @@ class Checker:
         try:  # the loop's own check, with the world size this tool was given
             geometry = StepGeometry(
                 (self.cfg.get('train_dataloader') or {}).get('batch_size'),
-                loop.get('num_responses', 8), loop.get('minibatch_responses_per_rank', 32),
-                loop.get('ppo_epochs', 1), self.world_size, loop.get('prompts_per_step'),
-                loop.get('minibatch_responses'))
+                loop.num_responses, loop.minibatch_responses_per_rank, loop.ppo_epochs,
+                self.world_size, loop.prompts_per_step, loop.minibatch_responses)
         except ValueError as exc:
             self.problem('train_cfg', exc)
             return

@@ -11,14 +11,9 @@ from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, scope='package')
-def one_thread():
-    """Tiny models on one thread: two busy-waiting OpenMP threads on a loaded 2-core
-    machine make small ops many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+@pytest.fixture(autouse=True)
+def on_one_thread(one_thread) -> None:
+    """Every rollout test on one thread (``tests/conftest.py:one_thread``)."""
 
 
 @pytest.fixture(scope='package')

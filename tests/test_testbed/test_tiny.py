@@ -25,14 +25,7 @@ SMALL = dict(seed=0, steps=60, batch_size=32, lr=1e-2, n_train_per_domain=40,
              n_val_per_domain=8)
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    """Greedy decoding in these tests on one thread, as warm_start trains: on a loaded
-    2-core machine, two busy-waiting OpenMP threads make tiny ops many times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')  # tests/conftest.py
 
 
 @pytest.fixture(scope='module')

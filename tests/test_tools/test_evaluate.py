@@ -29,12 +29,7 @@ evaluate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(evaluate)
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('one_thread')  # tests/conftest.py
 
 
 @pytest.fixture(scope='module')
