@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gepo_xtuner.advantage import RolloutBatch, encode_domains
+from gepo_xtuner.advantage import AdvantageInputs, encode_domains
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def one_thread():
 
 
 def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_len: int = 9,
-                 domains: tuple[str, ...] = ('math', 'physics', 'code')) -> RolloutBatch:
+                 domains: tuple[str, ...] = ('math', 'physics', 'code')) -> AdvantageInputs:
     """A shuffled batch with ragged groups, ties, empty responses and sparse group ids.
 
     Rewards are binary, continuous or all-equal per group; some responses have no
@@ -54,7 +54,7 @@ def random_batch(rng: random.Random, max_groups: int = 6, max_k: int = 6, max_le
         logprobs[i, :len(row[3])] = torch.tensor(row[3], dtype=torch.float32)
         mask[i, :len(row[3])] = True
     ids, names = encode_domains([r[1] for r in rows])
-    return RolloutBatch(
+    return AdvantageInputs(
         rewards=torch.tensor([r[2] for r in rows]),
         group_ids=torch.tensor([r[0] for r in rows]),
         logprobs=logprobs, mask=mask, domain_ids=ids, domain_names=names,

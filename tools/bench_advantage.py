@@ -24,13 +24,13 @@ import time
 import torch
 
 import gepo_xtuner  # noqa: F401
-from gepo_xtuner.advantage import RolloutBatch, encode_domains
+from gepo_xtuner.advantage import AdvantageInputs, encode_domains
 from gepo_xtuner.registry import ADVANTAGES
 
 DOMAINS = ['math', 'physics', 'code', 'instruction_following']
 
 
-def make_batch(prompts: int, k: int, max_len: int, seed: int = 0) -> RolloutBatch:
+def make_batch(prompts: int, k: int, max_len: int, seed: int = 0) -> AdvantageInputs:
     gen = torch.Generator().manual_seed(seed)
     n = prompts * k
     lengths = torch.randint(1, max_len + 1, (n, ), generator=gen)
@@ -41,7 +41,7 @@ def make_batch(prompts: int, k: int, max_len: int, seed: int = 0) -> RolloutBatc
     p = torch.rand(prompts, generator=gen).repeat_interleave(k)
     rewards = (torch.rand(n, generator=gen) < p).float()
     domain_ids, names = encode_domains([DOMAINS[i // k % len(DOMAINS)] for i in range(n)])
-    return RolloutBatch(rewards=rewards, group_ids=torch.arange(n) // k, logprobs=logprobs,
+    return AdvantageInputs(rewards=rewards, group_ids=torch.arange(n) // k, logprobs=logprobs,
                         mask=mask, domain_ids=domain_ids, domain_names=names)
 
 
@@ -58,7 +58,7 @@ def median_ms(fn, repeats: int, warmup: int = 3) -> float:
 
 def bench(prompts: int, k: int, max_len: int, repeats: int) -> dict[str, float]:
     batch = make_batch(prompts, k, max_len)
-    rewards_only = RolloutBatch(batch.rewards, batch.group_ids)
+    rewards_only = AdvantageInputs(batch.rewards, batch.group_ids)
     grpo = ADVANTAGES.build(dict(type='GRPOAdvantage'))
     gepo = ADVANTAGES.build(dict(type='GEPOAdvantage'))
     state = gepo.init_state()

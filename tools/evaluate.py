@@ -372,7 +372,7 @@ def evaluate_benchmark(name: str, records: list[dict], samples_path: Path,
     Returns:
         The benchmark's scores over every record done so far.
     """
-    from gepo_xtuner.engine.requests import encode_request
+    from gepo_xtuner.engine.prompt_encoding import encode_request
     from gepo_xtuner.engine.scoring import sample_and_score
 
     done = read_samples(samples_path, args.n)

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..ops.distributed import all_reduce_sum
 from ..registry import ADVANTAGES
 from .base import AdvantageEstimator, AdvantageShaper, GroupView, Shaping, response_token_sums
-from .batch import RolloutBatch
+from .batch import AdvantageInputs
 from .gepo import _check_eps_with_base
 
 
@@ -137,7 +137,7 @@ class AEPOAdvantage(AdvantageShaper):
     state_type = EntropyGateState
     measures = 'batch entropy'
 
-    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+    def shape(self, advantages: Tensor, groups: GroupView, batch: AdvantageInputs,
               state: EntropyGateState) -> Shaping:
         per_token = batch.entropies if batch.entropies is not None else -batch.logprobs
         sums, lengths = response_token_sums(per_token, batch.mask)

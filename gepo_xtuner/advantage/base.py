@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..ops.segment import Segments, moments
-from .batch import RolloutBatch
+from .batch import AdvantageInputs
 
 
 @dataclass
@@ -172,7 +172,7 @@ BAND_KEYS = ('band/low', 'band/high')
 class AdvantageProcessor(abc.ABC):
     """Base class and contract of the advantage processors (:data:`~gepo_xtuner.registry.ADVANTAGES`).
 
-    Call it on a :class:`RolloutBatch`; it returns an :class:`AdvantageOutput`::
+    Call it on a :class:`AdvantageInputs`; it returns an :class:`AdvantageOutput`::
 
         out = processor(batch, state)
 
@@ -225,7 +225,7 @@ class AdvantageProcessor(abc.ABC):
             ``(N,)`` float64.
         """
 
-    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+    def shape(self, advantages: Tensor, groups: GroupView, batch: AdvantageInputs,
               state: Any) -> Shaping:
         """Shapes :meth:`estimate`'s ``(N,)`` float64 advantages; identity by default."""
         return Shaping.identity(advantages)
@@ -241,7 +241,7 @@ class AdvantageProcessor(abc.ABC):
         shaper's ``base``."""
         return self
 
-    def __call__(self, batch: RolloutBatch, state: Any = None) -> AdvantageOutput:
+    def __call__(self, batch: AdvantageInputs, state: Any = None) -> AdvantageOutput:
         """Computes advantages for one step's (local) batch: the whole template.
 
         ``batch.validate()`` -> :meth:`estimator`'s :meth:`estimate` -> :meth:`shape`
@@ -282,9 +282,9 @@ class AdvantageProcessor(abc.ABC):
 
     # -- shared pieces ------------------------------------------------------------------
     @staticmethod
-    def _group_view(batch: RolloutBatch) -> GroupView:
+    def _group_view(batch: AdvantageInputs) -> GroupView:
         segments = Segments.from_ids(batch.group_ids)
-        n = batch.num_responses
+        n = len(batch)
         f64 = dict(dtype=torch.float64, device=batch.rewards.device)
         if batch.logprobs is None:
             nan_g = torch.full((segments.num_segments, ), math.nan, **f64)
@@ -302,7 +302,7 @@ class AdvantageProcessor(abc.ABC):
 
     @staticmethod
     def _metrics(rewards: Tensor, raw: Tensor, shaping: Shaping, groups: GroupView,
-                 batch: RolloutBatch) -> dict[str, float]:
+                 batch: AdvantageInputs) -> dict[str, float]:
         """Batch-level and per-domain metrics, gathered with one host transfer."""
         metrics: dict[str, float] = {}
         adv = shaping.advantages
@@ -408,7 +408,7 @@ class AdvantageShaper(AdvantageProcessor):
         return self.base.estimate(rewards, segments)
 
     @abc.abstractmethod
-    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+    def shape(self, advantages: Tensor, groups: GroupView, batch: AdvantageInputs,
               state: Any) -> Shaping:
         """Shapes the base estimator's ``(N,)`` float64 advantages.
 

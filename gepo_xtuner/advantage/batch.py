@@ -1,4 +1,4 @@
-"""The flat rollout batch every advantage processor consumes."""
+"""What every advantage processor consumes: N scored responses, grouped by prompt."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -8,8 +8,11 @@ from torch import Tensor
 
 
 @dataclass
-class RolloutBatch:
-    """A flat batch of N sampled responses, grouped by prompt.
+class AdvantageInputs:
+    """The advantage processors' input: a flat batch of N scored responses, grouped by prompt.
+
+    (The trainer's tensors of the same responses are
+    :class:`~gepo_xtuner.engine.batching.ResponseBatch`; the RL loop builds this from one.)
 
     Responses of one prompt share a group id; ids need not be contiguous or sorted.
     In data-parallel training each group must live entirely on one rank (shard by
@@ -42,8 +45,8 @@ class RolloutBatch:
     domain_names: Sequence[str] | None = None
     prompt_ids: Sequence[str] | None = None
 
-    @property
-    def num_responses(self) -> int:
+    def __len__(self) -> int:
+        """N, the responses of the batch (K, ``num_responses``, is per prompt)."""
         return self.rewards.shape[0]
 
     def validate(self) -> None:
@@ -109,3 +112,9 @@ def encode_domains(domains: Sequence[str], device: torch.device | str | None = N
     table: dict[str, int] = {}
     ids = [table.setdefault(d, len(table)) for d in domains]
     return torch.tensor(ids, dtype=torch.long, device=device), list(table)
+
+
+#: The name before ``AdvantageInputs`` (it said "rollout" where it meant the processors'
+#: input); kept so that existing plugins import.
+RolloutBatch = AdvantageInputs
+

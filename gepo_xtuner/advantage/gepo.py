@@ -11,7 +11,7 @@ from torch import Tensor
 from ..ops.distributed import all_reduce_sum
 from ..registry import ADVANTAGES
 from .base import AdvantageEstimator, AdvantageShaper, EntropyBand, GroupView, Shaping
-from .batch import RolloutBatch
+from .batch import AdvantageInputs
 
 
 def _check(name: str, value: float, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -191,7 +191,7 @@ class GEPOAdvantage(AdvantageShaper):
                     f'steps folded in, H = [{state.h_low:.4f}, {state.h_high:.4f}]')
         return band_initialisation_note(self.gamma)
 
-    def shape(self, advantages: Tensor, groups: GroupView, batch: RolloutBatch,
+    def shape(self, advantages: Tensor, groups: GroupView, batch: AdvantageInputs,
               state: EntropyThresholdState) -> Shaping:
         adv = advantages
         mu, sigma, count = global_group_entropy_stats(groups.entropy, groups.has_tokens)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..advantage import AdvantageProcessor, RolloutBatch
+from ..advantage import AdvantageProcessor, AdvantageInputs
 from ..ops.segment import moments
 
 LOGPROB_TOLERANCE = 1e-3  # engines may return tiny positive values from rounding
@@ -167,7 +167,7 @@ def analyze_rollouts(table: RolloutTable, processor: AdvantageProcessor) -> Anal
         for j, i in enumerate(rows):
             logprobs[j, :lengths[j]] = torch.from_numpy(table.logprobs[i])
         mask = torch.arange(logprobs.shape[1])[None, :] < torch.tensor(lengths)[:, None]
-        batch = RolloutBatch(
+        batch = AdvantageInputs(
             rewards=torch.tensor([table.rewards[i] for i in rows], dtype=torch.float64),
             group_ids=torch.tensor([group_of[p] for p in pids]),
             logprobs=logprobs, mask=mask,

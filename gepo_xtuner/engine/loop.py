@@ -15,7 +15,7 @@ from mmengine.registry import LOOPS
 from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 
-from ..advantage import RolloutBatch, encode_domains
+from ..advantage import AdvantageInputs, encode_domains
 from ..advantage.base import BAND_KEYS
 from ..ops.distributed import dist_world_size
 from ..ops.multimodal import placeholder_token_ids
@@ -27,7 +27,7 @@ from .geometry import StepGeometry, check_group_size
 from . import train_cfg
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
-from .requests import check_policy_inputs, encode_request
+from .prompt_encoding import check_policy_inputs, encode_request
 from .run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
                         restore_processor_state, resume_streams, run_settings, saved_rank_entry)
 from .update import (NoSignalWatch, UpdateSettings, check_training_sampling, entropy_metrics,
@@ -84,7 +84,7 @@ class RLTrainLoop(BaseLoop):
         prompt_template: ``str.format`` template applied to each record's ``prompt``
             (records with chat ``messages`` use the tokenizer's chat template instead).
             Records with ``images`` go through the policy's processor, see
-            :mod:`gepo_xtuner.engine.requests` and ``docs/multimodal.md``.
+            :mod:`gepo_xtuner.engine.prompt_encoding` and ``docs/multimodal.md``.
         minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
         logprob_max_tokens_per_micro_batch, kept_rows, norm_length: how the update runs,
             typed and documented once, in :class:`~gepo_xtuner.engine.update.UpdateSettings`.
@@ -255,7 +255,7 @@ class RLTrainLoop(BaseLoop):
 
     def encode_requests(self, records: list[dict]) -> list[RolloutRequest]:
         """Rollout requests for ``records``: token ids, and for records with images the
-        images and the processor's inputs (:func:`~gepo_xtuner.engine.requests.encode_request`).
+        images and the processor's inputs (:func:`~gepo_xtuner.engine.prompt_encoding.encode_request`).
         """
         policy = self.policy
         processor = getattr(policy, 'processor', None)
@@ -354,7 +354,7 @@ class RLTrainLoop(BaseLoop):
         old_logprobs, entropy = old_logprobs_of(self.policy, batch, self.update_settings)
         domain_ids, names = encode_domains([r['domain'] for r in rows])
         adv = self.advantage(
-            RolloutBatch(rewards=rewards, group_ids=batch.group_index, logprobs=old_logprobs,
+            AdvantageInputs(rewards=rewards, group_ids=batch.group_index, logprobs=old_logprobs,
                          mask=batch.response_mask, entropies=entropy, domain_ids=domain_ids,
                          domain_names=names, prompt_ids=[r['id'] for r in rows]),
             self.advantage_state)

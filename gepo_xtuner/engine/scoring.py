@@ -40,7 +40,7 @@ def sample_and_score(rollout: RolloutBackend, tokenizer: Any, rewards: RewardRou
         tokenizer: decodes the responses.
         rewards: the reward router.
         records: N records.
-        requests: their rollout requests (see :func:`gepo_xtuner.engine.requests.encode_request`).
+        requests: their rollout requests (see :func:`gepo_xtuner.engine.prompt_encoding.encode_request`).
         params: sampling parameters (``n``, temperature, length cap, stop tokens).
 
     Returns:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gepo_xtuner.advantage import (AdvantageEstimator, AdvantageShaper, GEPOAdvantage,
-                                   RLOOAdvantage, RolloutBatch)
+                                   RLOOAdvantage, AdvantageInputs)
 from gepo_xtuner.registry import ADVANTAGES
 
 from .reference import ReferenceAEPO, ReferenceGEPO
@@ -82,7 +82,7 @@ def test_shapers_refuse_what_they_cannot_wrap():
 
 
 def test_shaper_output_is_named_and_neutral():
-    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
+    batch = AdvantageInputs(rewards=torch.tensor([1.0, 0.0, 1.0, 0.0]),
                          group_ids=torch.tensor([0, 0, 1, 1]),
                          logprobs=torch.tensor([[-0.1, -0.1], [-0.1, -0.1], [-2.0, -2.0],
                                                 [-2.0, -2.0]]),

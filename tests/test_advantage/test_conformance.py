@@ -44,7 +44,7 @@ def test_contract(cfg, make_batch):
         if i == 2:  # checkpoint here: a fresh processor from the saved state continues exactly
             saved = None if state is None else copy.deepcopy(state.state_dict())
         out = proc(batch, state)
-        n = batch.num_responses
+        n = len(batch)
         assert isinstance(out, AdvantageOutput)
         assert out.advantages.shape == (n,) and out.advantages.dtype == torch.float32
         assert out.raw_advantages.shape == (n,) and torch.isfinite(out.advantages).all()
@@ -71,9 +71,9 @@ def test_contract(cfg, make_batch):
 
 @pytest.mark.parametrize('name', NAMES)
 def test_a_group_of_one_gets_zero(name):
-    from gepo_xtuner.advantage import RolloutBatch
+    from gepo_xtuner.advantage import AdvantageInputs
     proc = ADVANTAGES.build(dict(type=name))
-    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0, 1.0]), group_ids=torch.tensor([0, 1, 1]),
+    batch = AdvantageInputs(rewards=torch.tensor([1.0, 0.0, 1.0]), group_ids=torch.tensor([0, 1, 1]),
                          logprobs=torch.full((3, 2), -1.0), mask=torch.ones(3, 2, dtype=torch.bool))
     out = proc(batch, proc.init_state())
     assert out.advantages[0] == 0

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from gepo_xtuner.advantage import RolloutBatch
+from gepo_xtuner.advantage import AdvantageInputs
 from gepo_xtuner.registry import ADVANTAGES
 
 from ..conftest import random_batch
@@ -21,12 +21,12 @@ def batches():
     return [random_batch(rng, max_groups=12) for _ in range(STEPS)]
 
 
-def shard(batch: RolloutBatch, rank: int, world: int) -> tuple[RolloutBatch, torch.Tensor]:
+def shard(batch: AdvantageInputs, rank: int, world: int) -> tuple[AdvantageInputs, torch.Tensor]:
     """Whole groups per rank (groups are never split across ranks)."""
     _, group_index = torch.unique(batch.group_ids, return_inverse=True)
     keep = group_index % world == rank
     pick = lambda t: None if t is None else t[keep]  # noqa: E731
-    return RolloutBatch(pick(batch.rewards), pick(batch.group_ids), pick(batch.logprobs),
+    return AdvantageInputs(pick(batch.rewards), pick(batch.group_ids), pick(batch.logprobs),
                         pick(batch.mask)), keep
 
 

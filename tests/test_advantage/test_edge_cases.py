@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gepo_xtuner.advantage import RolloutBatch
+from gepo_xtuner.advantage import AdvantageInputs
 from gepo_xtuner.registry import ADVANTAGES
 
 ALL = ['GRPOAdvantage', 'DrGRPOAdvantage', 'RLOOAdvantage', 'GEPOAdvantage', 'AEPOAdvantage']
@@ -21,7 +21,7 @@ def batch_of(rewards, groups, lengths=None, lp=-0.5):
     lengths = lengths or [3] * n
     t = max(1, max(lengths))
     mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
-    return RolloutBatch(rewards=torch.tensor(rewards, dtype=torch.float32),
+    return AdvantageInputs(rewards=torch.tensor(rewards, dtype=torch.float32),
                         group_ids=torch.tensor(groups), logprobs=torch.full((n, t), lp),
                         mask=mask)
 
@@ -98,7 +98,7 @@ def test_stateful_processors_need_state_and_logprobs(name):
     with pytest.raises(TypeError, match='init_state'):
         proc(batch)
     with pytest.raises(ValueError, match='logprobs'):
-        proc(RolloutBatch(rewards=batch.rewards, group_ids=batch.group_ids), proc.init_state())
+        proc(AdvantageInputs(rewards=batch.rewards, group_ids=batch.group_ids), proc.init_state())
 
 
 @pytest.mark.parametrize('field,value,match', [
@@ -141,7 +141,7 @@ def test_gepo_on_cuda_matches_cpu():
                      lengths=[1, 2, 3, 0, 2, 2])
     proc = ADVANTAGES.build(dict(type='GEPOAdvantage', beta_low=0.0, beta_high=0.0))
     cpu = proc(batch, proc.init_state())
-    gpu_batch = RolloutBatch(*(t.cuda() for t in (batch.rewards, batch.group_ids, batch.logprobs,
+    gpu_batch = AdvantageInputs(*(t.cuda() for t in (batch.rewards, batch.group_ids, batch.logprobs,
                                                    batch.mask)))
     gpu = proc(gpu_batch, proc.init_state())
     assert gpu.advantages.is_cuda

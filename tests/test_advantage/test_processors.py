@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from gepo_xtuner.advantage import RolloutBatch
+from gepo_xtuner.advantage import AdvantageInputs
 from gepo_xtuner.registry import ADVANTAGES
 
 from .reference import ReferenceAEPO, ReferenceGEPO, base_advantages, group_entropies
@@ -79,7 +79,7 @@ def test_gepo_shapes_exactly_the_paper_cases():
     # groups 0/1/2 with per-token entropy 0.25 / 0.5 / 0.75 (exact in float32); rewards [1, 0]
     ents = [0.25, 0.5, 0.75]
     lp = torch.tensor([[-e, -e] for e in ents for _ in range(2)])
-    batch = RolloutBatch(rewards=torch.tensor([1., 0.] * 3),
+    batch = AdvantageInputs(rewards=torch.tensor([1., 0.] * 3),
                          group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
                          logprobs=lp, mask=torch.ones_like(lp, dtype=torch.bool))
     out = proc(batch, state)
@@ -115,7 +115,7 @@ def test_aepo_matches_reference(seed, gate, make_batch):
 
 def test_aepo_removes_non_positive_samples_when_the_gate_is_on():
     # two groups; rewards (1, 0) and (2, 2): only the first group's winner stays
-    batch = RolloutBatch(rewards=torch.tensor([1.0, 0.0, 2.0, 2.0]),
+    batch = AdvantageInputs(rewards=torch.tensor([1.0, 0.0, 2.0, 2.0]),
                          group_ids=torch.tensor([0, 0, 1, 1]),
                          logprobs=torch.full((4, 2), -1.0), mask=torch.ones(4, 2, dtype=torch.bool),
                          entropies=torch.full((4, 2), 0.9))

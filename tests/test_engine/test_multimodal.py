@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from gepo_xtuner.engine.batching import ResponseBatch, build_response_batch, cut_at_tokens
-from gepo_xtuner.engine.requests import encode_request, prompt_token_ids
+from gepo_xtuner.engine.prompt_encoding import encode_request, prompt_token_ids
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.testbed.tiny_vl import (
     IMAGE_PAD,

@@ -33,7 +33,7 @@ from torch import Tensor
 from xtuner.v1.rl.advantage import AdvantageEstimator, BaseAdvantageConfig
 from xtuner.v1.rl.advantage.config import advantage_group
 
-from ...advantage import EntropyThresholdState, GEPOAdvantage, RolloutBatch, encode_domains
+from ...advantage import EntropyThresholdState, GEPOAdvantage, AdvantageInputs, encode_domains
 from ...ops.distributed import dist_world_size
 
 __all__ = ['StepAdvantageEstimator', 'GEPOEstimator', 'GEPOAdvantageConfig',
@@ -212,7 +212,7 @@ class GEPOEstimator(StepAdvantageEstimator):
                 mask[row, :len(lps)] = True
         domain_ids, domain_names = encode_domains(domains)
         out = self.processor(
-            RolloutBatch(rewards=torch.tensor(rewards, dtype=torch.float64),
+            AdvantageInputs(rewards=torch.tensor(rewards, dtype=torch.float64),
                          group_ids=torch.tensor(group_ids), logprobs=logprobs, mask=mask,
                          domain_ids=domain_ids, domain_names=domain_names,
                          prompt_ids=[f'group {g}' for g in group_ids]), self.state)

@@ -23,7 +23,7 @@ from xtuner.v1.rl.advantage import GRPOAdvantageConfig
 from xtuner.v1.train.rl_trainer import RLColocateTrainer
 from xtuner.v1.train.trainer import LoadCheckpointConfig
 
-from gepo_xtuner.advantage import GEPOAdvantage, RolloutBatch
+from gepo_xtuner.advantage import GEPOAdvantage, AdvantageInputs
 from gepo_xtuner.integrations.xtuner_v1 import (GEPOAdvantageConfig, GEPOEstimator,
                                                 GEPORLColocateTrainer,
                                                 GEPORLColocateTrainerConfig)
@@ -65,7 +65,7 @@ def make_step(rng: random.Random, step: int, num_groups: int = 12, k: int = 4) -
     return groups
 
 
-def reference_batch(groups: list[list[RolloutState]]) -> tuple[RolloutBatch, list[int]]:
+def reference_batch(groups: list[list[RolloutState]]) -> tuple[AdvantageInputs, list[int]]:
     """The same rollouts as one flat batch for GEPOAdvantage, built from the raw fields."""
     rows = [(g, s) for g, group in enumerate(groups) if group[0].status == Status.COMPLETED
             for s in group]
@@ -76,7 +76,7 @@ def reference_batch(groups: list[list[RolloutState]]) -> tuple[RolloutBatch, lis
         n = len(s.logprobs)
         lps[r, :n] = torch.tensor(s.logprobs)
         mask[r, :n] = torch.tensor(s.response_mask, dtype=torch.bool)
-    batch = RolloutBatch(rewards=torch.tensor([s.reward['score'] for _, s in rows]),
+    batch = AdvantageInputs(rewards=torch.tensor([s.reward['score'] for _, s in rows]),
                          group_ids=torch.tensor([g for g, _ in rows]), logprobs=lps, mask=mask)
     return batch, [s.rollout_id for _, s in rows]
 
@@ -167,7 +167,7 @@ def test_sessions_of_agentic_segments_share_one_advantage_and_entropy():
     for r, s in enumerate(sessions):
         lps[r, :len(lps_by_session[s])] = torch.tensor(lps_by_session[s])
         mask[r, :len(lps_by_session[s])] = True
-    out = GEPOAdvantage(gamma=1.0)(RolloutBatch(
+    out = GEPOAdvantage(gamma=1.0)(AdvantageInputs(
         rewards=torch.tensor([rewards[s] for s in sessions], dtype=torch.float64),
         group_ids=torch.tensor([s // 10 for s in sessions]), logprobs=lps, mask=mask),
         GEPOAdvantage(gamma=1.0).init_state())

@@ -1,4 +1,5 @@
-"""Records -> rollout requests; records with images go through the policy's processor.
+"""Prompt records -> token ids (+ images) for the rollout: records with images go through
+the policy's processor.
 
 Records without images take :func:`gepo_xtuner.data.prompts.encode_prompt`, the
 text path, unchanged. A record with ``images`` (local paths or URLs, already
