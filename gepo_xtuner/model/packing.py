@@ -183,9 +183,16 @@ def packed_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
     if kv_heads != heads:
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    parts = [F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
-                                            dropout_p=dropout, scale=scaling, is_causal=True)
-             for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    # One split per tensor, not one slice per sequence: the backward of a slice writes a
+    # gradient of the whole row (a zero fill and an addition of T positions), so slicing
+    # S sequences cost S full-row passes in every layer's backward; a split's backward
+    # is one concatenation. The attention inputs and outputs are the same views.
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    span = slice(bounds[0], bounds[-1])
+    parts = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling,
+                                            is_causal=True)
+             for q, k, v, n in zip(*(t[:, :, span].split(lengths, dim=2)
+                                     for t in (query, key, value)), lengths) if n > 0]
     out = torch.cat(parts, dim=2) if parts else query.new_zeros(query.shape)
     return out.transpose(1, 2), None
 
