@@ -34,7 +34,7 @@ class EntropyThresholdState:
     """GEPO's adaptive entropy band, carried across steps and checkpointed.
 
     At step t, from the batch mean ``mu_t`` and population std ``sigma_t`` of the
-    group entropies:
+    group entropies (the paper's Eq. 8, then the EMA of Eq. 9):
 
         Hhat_low(t)  = mu_t - beta_low  * sigma_t
         Hhat_high(t) = mu_t + beta_high * sigma_t
@@ -135,11 +135,12 @@ def global_group_entropy_stats(entropy: Tensor, valid: Tensor) -> tuple[float, f
 class GEPOAdvantage(AdvantageShaper):
     """Group Entropy-Controlled Policy Optimization advantage shaping.
 
-    Starts from the base estimator's advantages A_i (GRPO unless ``base`` says
-    otherwise) and the per-token group entropy
-    ``H_g = sum_i sum_t (-lp_it) / sum_i T_i`` (from logprobs the step already
-    has), then, with the adaptive band ``[H_low(t), H_high(t)]`` of
-    :class:`EntropyThresholdState`:
+    Equation numbers are those of the paper ("Group Entropy-Controlled Policy
+    Optimization"). Starts from the base estimator's advantages A_i (GRPO's Eq. 1
+    unless ``base`` says otherwise) and the group entropy of Eq. 4, per token:
+    ``H_g = sum_i sum_t (-lp_it) / sum_i T_i`` (from logprobs the step already has),
+    then, with the adaptive band ``[H_low(t), H_high(t)]`` of
+    :class:`EntropyThresholdState` (Eqs. 8-9), shapes them as Eq. 7:
 
         A_hat_i = alpha_low  * A_i   if A_i > 0 and H_g < H_low(t)
         A_hat_i = alpha_high * A_i   if A_i < 0 and H_g > H_high(t)
