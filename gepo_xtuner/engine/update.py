@@ -25,11 +25,11 @@ from mmengine.model import is_model_wrapper
 from torch import Tensor
 
 from ..model.inputs import LossInputs
-from .batching import KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, micro_batches, \
-    minibatches
-from .optim_step import optimizer_step, prime_gradient_buckets
 from ..ops.distributed import all_reduce, dist_world_size
 from ..rollout import SamplingParams
+from .batching import (KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, micro_batches,
+                       minibatches)
+from .optim_step import optimizer_step, prime_gradient_buckets
 
 __all__ = ['UpdateSettings', 'old_logprobs', 'ppo_update', 'MicroBatchStats', 'entropy_metrics',
            'NoSignalWatch', 'check_training_sampling']
