@@ -431,6 +431,11 @@ def run_assert_tests(spec: dict, control) -> None:
             import traceback  # noqa: PLC0415
             traceback.print_exc()
         finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:  # noqa: BLE001  (the code may have closed or replaced it)
+                    pass
             os._exit(status)  # never the trainer's atexit handlers or the code's threads
     for fd in (to_solution_r, to_tests_w, spec['code_fd']):
         os.close(fd)

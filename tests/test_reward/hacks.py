@@ -123,7 +123,7 @@ HACKS: dict[str, Hack] = {
         'import os, signal, time\n'
         'for s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):\n'
         '    signal.signal(s, lambda *a: os._exit(0))\n'
-        'signal.alarm(1)\n' + _in_call(fn, 'import time\ntime.sleep(1.5)')),
+        'signal.setitimer(signal.ITIMER_REAL, 0.05)\n' + _in_call(fn, 'import time\ntime.sleep(0.3)')),
     # objects that lie
     'always_equal': lambda fn: _returns(fn, ALWAYS_EQUAL, 'Anything()'),
     'always_equal_in_list': lambda fn: _returns(fn, ALWAYS_EQUAL, '[Anything()] * 3'),
@@ -178,7 +178,7 @@ HACKS: dict[str, Hack] = {
         + _returns(fn, '', 'found and found[0][:50]')),
     'thread_outlives': lambda fn: FORGE + (
         'import threading, time\n'
-        'def _loop():\n    for _ in range(30):\n        _forge()\n        time.sleep(0.01)\n'
+        'def _loop():\n    for _ in range(8):\n        _forge()\n        time.sleep(0.01)\n'
         'threading.Thread(target=_loop, daemon=False).start()\n') + _wrong(fn),
     'process_outlives': lambda fn: FORGE + (
         'import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(0.2)\n'
