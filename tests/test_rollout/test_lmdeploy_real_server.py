@@ -375,3 +375,44 @@ def test_one_rl_step_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
     assert logged[1]['rollout/server/0/requests'] == 4 * 4  # B x K, one request each
     assert not server.engine.groups  # the trainer tore its group down at the end
     assert len(server.engine.requests) == 16
+
+
+def _two_rank_sleep_level_2(rank: int, url: str, init_file: str, out: str) -> None:
+    """One rank of a 2-process gloo job generating twice with sleep_level 2."""
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=2)
+    backend = _backend(url, weight_sync={'mode': 'ipc', 'sleep_level': 2})
+    try:
+        backend.generate(_requests(PROMPTS[:1]), SamplingParams(max_new_tokens=1))
+        try:
+            backend.generate(_requests(PROMPTS[:1]), SamplingParams(max_new_tokens=1))
+            message = 'no error'
+        except LMDeployServerError as e:
+            message = str(e)
+        with open(f'{out}/rank{rank}', 'w') as f:
+            f.write(message)
+        dist.barrier()
+    finally:
+        backend.close()
+        dist.destroy_process_group()
+
+
+def test_sleep_level_2_error_reaches_every_rank(real_server, tmp_path):
+    """Only rank 0 wakes the server; its refusal must reach the other rank, which would
+    otherwise wait in a collective for ever: both ranks fail with the same error."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context('spawn')
+    procs = [ctx.Process(target=_two_rank_sleep_level_2,
+                         args=(rank, real_server.url, str(tmp_path / 'init'), str(tmp_path)))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, 'a rank hung'
+    assert [p.exitcode for p in procs] == [0, 0]
+    messages = [(tmp_path / f'rank{r}').read_text() for r in range(2)]
+    assert 'call update_weights' in messages[0] and messages[1] == messages[0]
