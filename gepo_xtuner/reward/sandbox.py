@@ -46,6 +46,7 @@ No limit depends on the audit hook: at the two kernel levels none is installed, 
 
 import fcntl
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -263,6 +264,13 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _harness_binds() -> list[str]:
+    """The harness files, and the cached bytecode of the modules it imports where it
+    exists (without it, every run compiles them again: ~10 ms)."""
+    cached = [importlib.util.cache_from_source(p) for p in _HARNESS_FILES[1:]]
+    return [*_HARNESS_FILES, *(c for c in cached if os.path.isfile(c))]
+
+
 def _bwrap_prefix(bwrap: str, variant: tuple[str, ...], interp: _Interpreter,
                   disk_bytes: int) -> list[str]:
     """The bwrap command line up to the sandboxed command."""
@@ -273,14 +281,14 @@ def _bwrap_prefix(bwrap: str, variant: tuple[str, ...], interp: _Interpreter,
                         if os.path.isdir(d) and not os.path.islink(d))]
     # the directories leading to them, searchable by the run's uid (bwrap would make
     # them 0700, and a root-owned 0700 /root would hide the interpreter from it)
-    parents = sorted({str(parent) for path in [*binds, *_HARNESS_FILES]
+    parents = sorted({str(parent) for path in [*binds, *_harness_binds()]
                       for parent in Path(path).parents if str(parent) != '/'}, key=len)
     for parent in parents:
         if not any(parent == d or parent.startswith(d + '/') for d in _SYSTEM_DIRS):
             args += ['--perms', '0755', '--dir', parent]
     for root in binds:
         args += ['--ro-bind', root, root]
-    for path in _HARNESS_FILES:
+    for path in _harness_binds():
         args += ['--ro-bind', path, path]
     args += ['--proc', '/proc',
              '--ro-bind', '/proc/sys', '/proc/sys']  # kernel settings: read-only

