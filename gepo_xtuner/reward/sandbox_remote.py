@@ -24,7 +24,7 @@ in-place changes of list, dict and set arguments (written back into the caller's
 objects); exceptions the solution raises (re-raised as the nearest builtin exception
 class, with the message); generators and other iterators (consumed lazily, item by item);
 objects of the solution's classes (passed back and forth as proxies, their methods and
-attributes reachable); helper functions defined by the tests or by a HumanEval prompt
+attributes reachable, never compared: :class:`RemoteObject`); helper functions defined by the tests or by a HumanEval prompt
 (they run in the test process). What does not cross: a value of the tests' own that is
 not builtin data (a lambda, an instance of a class the tests define) passed to the
 solution: :class:`UnsupportedTest`, refused, never scored. A solution that dies, exits,
@@ -184,8 +184,8 @@ def serve(namespace: dict, channel: Channel) -> None:
 
     Requests (``op``): ``names`` (which of ``names`` the solution's module defines, and
     their values), ``call`` (``ref(*args, **kwargs)``; arguments that are lists, dicts
-    or sets and changed come back as ``mutated``), ``getattr``, ``iter``, ``next``,
-    ``len``, ``getitem``, ``contains``, ``str``. Answers: ``{"value": ...}``,
+    or sets and changed come back as ``mutated``), ``getattr``, ``iter``, ``next``.
+    Answers: ``{"value": ...}``,
     ``{"stop": true}`` (an exhausted iterator) or ``{"raise": [builtin class names of
     the exception's MRO], "message": str}``. An exception that is not an ``Exception``
     ends the process, as it would end the solution's own program.
@@ -247,15 +247,6 @@ def serve(namespace: dict, channel: Channel) -> None:
                 except StopIteration:
                     channel.send({'stop': True})
                     continue
-            elif op == 'len':
-                result = len(obj)
-            elif op == 'getitem':
-                result = obj[value(request, 'key')]
-            elif op == 'contains':
-                result = value(request, 'item') in obj
-            elif op == 'str':
-                result = str(obj)
-                result = result if type(result) is str else str.__str__(result)
             else:
                 raise ValueError(f'unknown request {op!r}')
             answer = {'value': _encode(result, ref)}
@@ -420,12 +411,14 @@ class SolutionClient:
 
 
 class RemoteObject:
-    """An object of the solution's, in the test process: calls, attributes, iteration,
-    ``len``, indexing, ``in`` and ``str`` go to the solution process.
+    """An object of the solution's, in the test process: calls, attributes and iteration
+    go to the solution process, and what they give back is builtin data or another proxy.
 
-    It cannot be compared (``==``, ``<``, ...) or tested for truth: both raise
-    ``TypeError``, so an object whose ``__eq__`` or ``__bool__`` always agrees fails every
-    assert it meets. Identity (``is``) and hashing are local.
+    Nothing else does: it cannot be compared (``==``, ``<``, ...) or tested for truth
+    (both raise ``TypeError``), and has no ``len``, ``in``, indexing or ``str`` of the
+    solution's, so an object whose ``__eq__``, ``__bool__``, ``__contains__`` or
+    ``__len__`` always agrees fails every assert it meets. Identity (``is``) and hashing
+    are local; ``repr`` names the proxy.
     """
 
     __slots__ = ('_client', '_id')
@@ -446,21 +439,6 @@ class RemoteObject:
 
     def __next__(self) -> object:
         return self._client.request('next', self._id)
-
-    def __len__(self) -> int:
-        return self._client.request('len', self._id)
-
-    def __getitem__(self, key: object) -> object:
-        return self._client.request('getitem', self._id, key=self._client.encode(key))
-
-    def __contains__(self, item: object) -> bool:
-        return self._client.request('contains', self._id, item=self._client.encode(item))
-
-    def __str__(self) -> str:
-        text = self._client.request('str', self._id)
-        if type(text) is not str:
-            raise SolutionBroke('str() of a solution object did not give a str')
-        return text
 
     def __repr__(self) -> str:
         return f'<solution object {self._id}>'

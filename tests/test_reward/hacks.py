@@ -138,6 +138,10 @@ HACKS: dict[str, Hack] = {
     'bool_lookalike': lambda fn: _returns(
         fn, 'class B:\n    __class__ = bool\n    def __eq__(s, o): return True\n'
         '    def __bool__(s): return True\n    __hash__ = object.__hash__', 'B()'),
+    'lying_container': lambda fn: _returns(
+        fn, 'class C:\n    def __contains__(s, x): return True\n    def __len__(s): return 4\n'
+        '    def __getitem__(s, i): return 2\n    def __str__(s): return "[2]"\n'
+        '    def __eq__(s, o): return True\n    __hash__ = object.__hash__', 'C()'),
     'exception_as_value': lambda fn: _returns(fn, '', 'AssertionError("x")'),
     'builtin_function_as_value': lambda fn: _returns(fn, '', 'len'),
     'json_injection': lambda fn: _returns(

@@ -79,6 +79,19 @@ CALL_RECORD = {'id': 'add', 'tests': [{'fn_name': 'add', 'inputs': [[2, 3], [10,
                                        'outputs': [5, 6]}]}
 
 
+# An MBPP sanitized-style record whose asserts look into the returned value with `in`,
+# `len`, indexing and `str` (a lying container must not pass them)
+MBPP_CONTAINER = {
+    'source_file': 'Benchmark Questions Verification V2.ipynb', 'task_id': 'primes-1',
+    'prompt': 'Write a function that returns the primes below n in increasing order.',
+    'code': 'def primes(n):\n    return [p for p in range(2, n) if all(p % d for d in '
+            'range(2, p))]\n',
+    'test_imports': [],
+    'test_list': ['assert 7 in primes(10)', 'assert len(primes(10)) == 4',
+                  'assert primes(10)[0] == 2', "assert str(primes(3)) == '[2]'"],
+}
+
+
 def _humaneval(task: str) -> tuple[dict, str | None, str]:
     record = HUMANEVAL[task]
     return record, record['entry_point'], record['prompt'] + record['canonical_solution']
@@ -93,6 +106,7 @@ FORMS: dict[str, tuple[dict, str | None, str]] = {
     'mbpp_literal': (MBPP_11, 'remove_Occ', MBPP_11['code']),
     'mbpp_assert': (MBPP_2_SANITIZED, 'similar_elements', MBPP_2_SANITIZED['code']),
     'mbpp_test_imports': (MBPP_MATH, 'area', MBPP_MATH['code']),
+    'mbpp_container_asserts': (MBPP_CONTAINER, 'primes', MBPP_CONTAINER['code']),
     'humaneval': _humaneval('HumanEval/0'),
     'humaneval_prompt_helper': _humaneval('HumanEval/32'),  # check() calls the prompt's poly
 }
