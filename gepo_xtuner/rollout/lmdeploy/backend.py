@@ -53,20 +53,22 @@ def _on_rank0(fn: Callable[[], Any]) -> Any:
 
     Where only rank 0 talks to the servers, an error there must reach the other ranks:
     they would otherwise wait forever in the next collective. So an exception on rank 0
-    is raised on every rank as an :class:`LMDeployServerError` with the same message
-    (rank 0's chained to the original).
+    is raised there as it is, and on every other rank as an :class:`LMDeployServerError`
+    with the same message.
     """
     outcome, error = None, None
     if _rank() == 0:
         try:
             outcome = ('ok', fn())
-        except Exception as e:  # noqa: BLE001  (re-raised below, on every rank)
+        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
             error = e
             outcome = ('error', str(e) if isinstance(e, LMDeployServerError)
                        else f'{type(e).__name__}: {e}')
     outcome = _broadcast(outcome)
+    if error is not None:
+        raise error
     if outcome[0] == 'error':
-        raise LMDeployServerError(outcome[1]) from error
+        raise LMDeployServerError(outcome[1])
     return outcome[1]
 
 
