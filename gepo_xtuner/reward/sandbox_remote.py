@@ -562,3 +562,28 @@ def unsupported_arguments(program: str, targets: set[str]) -> str | None:
                         "builtin data and the solution's own objects can cross to the "
                         "solution's process, and the tests never run in the solution's")
     return None
+
+
+def imported_modules(source: str) -> tuple[str, ...]:
+    """Top-level modules ``source`` imports (absolute imports anywhere in it).
+
+    Used for a HumanEval prompt, which both processes run (the test process as the
+    tests' prelude, the solution's as part of the solution): the harness imports these
+    before it forks, so that each process does not pay for them again.
+
+    Example:
+        >>> imported_modules('from typing import List\\nimport math, os.path')
+        ('typing', 'math', 'os')
+    """
+    import ast  # noqa: PLC0415
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ()
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split('.')[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module.split('.')[0])
+    return tuple(dict.fromkeys(names))
