@@ -430,3 +430,24 @@ def test_all_of_humaneval_as_published():
     wrong = [(job[0]['task_id'], job[2], score) for job, score in zip(jobs, scores)
              if score != job[2]]
     assert wrong == []
+
+
+def test_livecodebench_records_load_and_score_as_published(tmp_path):
+    """LiveCodeBench rows as the dataset ships them (metadata and public tests as JSON
+    strings, private tests compressed) load through the data layer and are scored on
+    public and private tests alike."""
+    from gepo_xtuner.data.records import iter_records
+    from gepo_xtuner.reward.code import parse_tests
+    path = tmp_path / 'lcb.jsonl'
+    path.write_text(json.dumps(LCB_FUNCTIONAL) + '\n' + json.dumps(LCB_STDIN) + '\n')
+    functional, stdin = iter_records(path, fields={'prompt': 'question_content'},
+                                     default_domain='code')
+    assert [len(parse_tests(r)) for r in (functional, stdin)] == [3, 2]  # public + private
+    reward = CodeReward(timeout_s=5, isolation=SAFE_LEVELS[0])
+    assert reward.check_record(functional) == [] and reward.check_record(stdin) == []
+    assert reward(f'```python\n{LCB_FUNCTIONAL_REF}```', functional) == 1.0
+    # right on the public tests only: the private one ([2, 4, 1] -> 2) fails it
+    first_gap = ('class Solution:\n    def maxProfit(self, prices):\n'
+                 '        return max(0, max(prices[1:]) - prices[1])\n')
+    assert reward(f'```python\n{first_gap}```', functional) == 0.0
+    assert reward(f'```python\n{SUM_REF}```', stdin) == 1.0
