@@ -231,8 +231,9 @@ def _check_references(record: dict, p: _Problems) -> None:
         _check_instruction_columns(record, p)
     if 'metadata' in record and not isinstance(record['metadata'], dict) \
             and not _json_object(record['metadata']):
-        p.add('metadata', f'must be an object (or, as LiveCodeBench publishes it, a JSON '
-              f'string holding one), got {_type(record["metadata"])}', 'wrap the values in {...}')
+        p.add('metadata', f'must be an object, got {_type(record["metadata"])}',
+              'wrap the values in {...} (or, as LiveCodeBench publishes it, a JSON string '
+              'holding an object)')
 
 
 def _json_object(value: Any) -> bool:
