@@ -201,7 +201,7 @@ class EntropyBounds(HealthCheck):
     alarms = ('entropy_collapse', 'entropy_runaway')
     state_keys = ('start', 'recent')
 
-    def __init__(self, low: float = 0.2, high: float = 3.0, start_steps: int = 5,
+    def __init__(self, low: float = 0.1, high: float = 3.0, start_steps: int = 5,
                  smooth: int = 3, min_change: float = 0.1,
                  metrics: Iterable[str] = ('entropy/group_nll', 'entropy/policy')) -> None:
         self.low = _positive('entropy.low', low, 1.0)
@@ -390,7 +390,7 @@ class RewardWithoutValidation(HealthCheck):
     alarms = ('reward_without_val', )
     state_keys = ('sums', 'evals')
 
-    def __init__(self, validations: int = 3, min_drop: float = 0.02,
+    def __init__(self, validations: int = 3, min_drop: float = 0.05,
                  min_rise: float = 0.02) -> None:
         self.validations = _count('reward_without_val.validations', validations)
         self.min_drop = float(min_drop)
