@@ -1,6 +1,10 @@
-"""Test-only reward for the run-health tests: the opposite of ``ShortAnswerReward``."""
+"""Test-only causes for the run-health tests: a reward that pays for length (the opposite of
+``ShortAnswerReward``) and a rollout backend whose weights are never updated."""
 
-from gepo_xtuner.registry import REWARDS
+import copy
+
+from gepo_xtuner.registry import REWARDS, ROLLOUT_BACKENDS
+from gepo_xtuner.rollout.hf import HFRolloutBackend
 
 
 @REWARDS.register_module()
@@ -12,3 +16,18 @@ class LongAnswerReward:
 
     def __call__(self, completion: str, record: dict) -> float:
         return float(len(completion.strip()) > self.min_len)
+
+
+@ROLLOUT_BACKENDS.register_module()
+class StaleWeightsRolloutBackend(HFRolloutBackend):
+    """Generates with a frozen copy of the starting policy: weights never reach it.
+
+    The classic inference-engine / trainer drift (a weight push that silently fails):
+    rollout logprobs stay those of the first policy while the trainer's move on.
+    """
+
+    def attach(self, model, tokenizer) -> None:
+        super().attach(copy.deepcopy(model), tokenizer)
+
+    def update_weights(self, model) -> None:
+        pass

@@ -6,7 +6,8 @@ learning rate collapses response length within 10 steps, and the hook raises
 reward that pays for length raises nothing. A GEPO band the batch cannot reach
 (``beta_low=50``) raises ``gepo_silent`` on the low side, and with ``action='stop'`` the
 run checkpoints that step, draws its figure and exits with status 3; ``--resume`` from
-that checkpoint continues with the hook's state (the alarm is not raised again).
+that checkpoint continues with the hook's state (the alarm is not raised again). A rollout
+backend whose weights are never updated raises ``rollout_mismatch``; pushed weights do not.
 """
 
 import json
@@ -114,3 +115,21 @@ def test_unreachable_band_stops_with_a_resumable_checkpoint(tiny_dir, tmp_path):
     out2 = resumed.stdout + resumed.stderr
     assert events(out2) == [], out2[-3000:]  # still silent at step 4: the same alarm, held
     assert 'step 3: gepo_silent [all]' in out2  # the summary keeps the checkpointed alarm
+
+
+def test_weights_that_never_reach_the_rollout_engine_raise_rollout_mismatch(
+        tiny_dir, tmp_path, brevity_run):
+    proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, 'train_cfg.max_steps=6',
+                 'train_cfg.val=None', 'train_cfg.rollout.type=StaleWeightsRolloutBackend')
+    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
+    raised = events(proc.stdout + proc.stderr)
+    assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
+    diffs = [r['rollout/logprob_abs_diff'] for r in history if r['step'] >= 1]
+    # step 1 generates with the current weights; the trainer moves away from step 2 on
+    expected = next(i + 1 for i in range(2, len(diffs)) if min(diffs[i - 2:i + 1]) > 0.1)
+    assert ('rollout_mismatch', expected) in [(a, s) for s, a, _, _ in raised]
+    # without the cause (weights pushed after every step) the two agree to float precision
+    work, output = brevity_run
+    same = json.loads((work / 'training_curves.json').read_text())
+    assert max(r.get('rollout/logprob_abs_diff', 0) for r in same) < 1e-5
+    assert 'rollout_mismatch' not in [a for _, a, _, _ in events(output)]
