@@ -8,6 +8,8 @@ reward that pays for length raises nothing. A GEPO band the batch cannot reach
 run checkpoints that step, draws its figure and exits with status 3; ``--resume`` from
 that checkpoint continues with the hook's state (the alarm is not raised again). A rollout
 backend whose weights are never updated raises ``rollout_mismatch``; pushed weights do not.
+Validation that pays for the opposite of what training pays for raises
+``reward_without_val``; validation scored like training does not.
 """
 
 import json
@@ -133,3 +135,29 @@ def test_weights_that_never_reach_the_rollout_engine_raise_rollout_mismatch(
     same = json.loads((work / 'training_curves.json').read_text())
     assert max(r.get('rollout/logprob_abs_diff', 0) for r in same) < 1e-5
     assert 'rollout_mismatch' not in [a for _, a, _, _ in events(output)]
+
+
+def test_validation_scored_differently_from_training_raises_reward_without_val(
+        tiny_dir, tmp_path, brevity_run):
+    """Training pays for short answers, validation (domain ``long``) for long ones: a
+    reward hack in miniature, training reward up while validation goes down."""
+    rows = [json.loads(line) for line in (tiny_dir / 'data' / 'val.jsonl').read_text().splitlines()]
+    val = tmp_path / 'val_long.jsonl'
+    val.write_text(''.join(json.dumps({**r, 'domain': 'long'}) + '\n' for r in rows))
+    cfg = config(tmp_path, f"""
+        train_cfg = dict(rewards=dict(long=dict(type='LongAnswerReward')),
+                         val=dict(_delete_=True, path='{val}', interval=2, n=2,
+                                  temperature=1.0))
+    """)
+    proc = train(cfg, tmp_path / 'run', tiny_dir, *FAST_RL, 'train_cfg.max_steps=12',
+                 'train_cfg.val.interval=2')
+    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
+    raised = events(proc.stdout + proc.stderr)
+    assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
+    hit = [(s, d) for s, a, d, _ in raised if a == 'reward_without_val']
+    assert hit and hit[0][1] == 'all', raised
+    vals = [r['val/acc'] for r in history if 'val/acc' in r and r['step'] <= hit[0][0]]
+    assert vals[-1] <= vals[-4] - 0.05 and vals[-1] < vals[-2] < vals[-3] < vals[-4]
+    # without the cause (validation scored like training) validation rises with the reward
+    work, output = brevity_run
+    assert 'reward_without_val' not in [a for _, a, _, _ in events(output)]
