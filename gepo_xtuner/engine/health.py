@@ -40,7 +40,7 @@ Row = Mapping[str, float]
 
 __all__ = ['Finding', 'HealthCheck', 'LengthCollapse', 'EntropyBounds', 'GEPOBandActivity',
            'LogprobMismatch', 'ClipFraction', 'RewardWithoutValidation', 'CHECKS',
-           'build_checks']
+           'build_checks', 'next_active']
 
 
 @dataclass(frozen=True)
@@ -466,3 +466,33 @@ def build_checks(checks: Mapping[str, Mapping[str, Any] | None]) -> dict[str, He
         except TypeError as err:
             raise ValueError(f'health check {name!r}: {err}') from None
     return out
+
+
+def next_active(active: set[tuple[str, str]], findings: Iterable[Finding],
+                row: Row) -> tuple[set[tuple[str, str]], list[Finding]]:
+    """The alarms holding after a step, and the findings that start an alarm.
+
+    An alarm ``(alarm, domain)`` holds while its condition is found. A domain that is not
+    in the step's batch (no metric of the row ends in ``/<domain>``) says nothing about its
+    alarms, so they keep holding: with few prompts per step a domain is often absent, and
+    its alarm must not be raised again each time it comes back.
+
+    Args:
+        active: ``(alarm, domain)`` pairs holding before the step.
+        findings: the checks' findings at the step.
+        row: the step's metrics.
+
+    Returns:
+        ``(active after the step, findings of alarms that were not holding)``.
+    """
+    findings = list(findings)
+    found = {(f.alarm, f.domain) for f in findings}
+    absent = {(a, d) for a, d in active
+              if d != 'all' and not any(k.endswith('/' + d) for k in row)}
+    new, seen = [], set()
+    for f in findings:
+        key = (f.alarm, f.domain)
+        if key not in active and key not in seen:
+            new.append(f)
+            seen.add(key)
+    return found | absent, new

@@ -12,7 +12,7 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-from .health import CHECKS, Finding, build_checks
+from .health import CHECKS, Finding, build_checks, next_active
 
 #: The checkpoint key of the hook's state.
 KEY = 'gepo_xtuner/run_health'
@@ -27,7 +27,8 @@ class RunHealthHook(Hook):
     After every RL step the hook hands the step's metrics (the row the loop appends to
     its history, validation included) to the checks of :mod:`gepo_xtuner.engine.health`.
     An alarm that starts to hold prints one warning line (step, alarm, domain, figures,
-    what to try); while it holds, ``health/<alarm>`` counts the domains in alarm and
+    what to try); while it holds (a domain absent from a step's batch keeps its alarms,
+    see :func:`~gepo_xtuner.engine.health.next_active`), ``health/<alarm>`` counts the domains in alarm and
     ``health/<alarm>/<domain>`` is 1 (both 0 otherwise; every step, in the scalar
     backends and in the run's history, so ``training_curves.png`` marks where alarms
     fired). At the end of the run a summary lists every alarm raised.
@@ -98,22 +99,20 @@ class RunHealthHook(Hook):
         if not history:
             return
         new: list[tuple[int, Finding]] = []
-        current: set[tuple[str, str]] = set()
         for row in history:  # the validation before training (step 0) too
             step = int(row['step'])
             if step <= self.last_step:
                 continue
             self.last_step = step
             findings = [f for check in self.checks.values() for f in check.observe(step, row)]
-            current = {(f.alarm, f.domain) for f in findings}
-            new += [(step, f) for f in findings if (f.alarm, f.domain) not in self.active]
-            self.active = current
+            self.active, started = next_active(self.active, findings, row)
+            new += [(step, f) for f in started]
         for step, finding in new:
             self.events.append(dict(step=step, alarm=finding.alarm, domain=finding.domain,
                                     message=finding.message))
             print_log(f'health: step {step}: {finding.alarm} [{finding.domain}]: '
                       f'{finding.message}', logger='current', level=logging.WARNING)
-        metrics = self.step_metrics(current)
+        metrics = self.step_metrics(self.active)
         if outputs is not None:
             outputs.update(metrics)  # the step's metrics (the log line's filter reads them)
         history[-1].update(metrics)  # the run's history: figure, summarize_run.py, resume

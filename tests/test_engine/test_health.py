@@ -127,3 +127,16 @@ def test_build_checks_rejects_unknown_names_and_arguments():
         build_checks({'length_collapse': {'dorp': 0.3}})
     with pytest.raises(ValueError, match='drop must be in'):
         build_checks({'length_collapse': {'drop': 1.5}})
+
+
+def test_an_absent_domain_keeps_its_alarm_and_a_found_one_is_raised_once():
+    from gepo_xtuner.engine.health import Finding, next_active
+    f = Finding('length_collapse', 'add', '...')
+    active, new = next_active(set(), [f, f], {'response/length/add': 1.0})
+    assert active == {('length_collapse', 'add')} and new == [f]
+    active, new = next_active(active, [], {'response/length/mul': 5.0})  # add not in batch
+    assert active == {('length_collapse', 'add')} and new == []
+    active, new = next_active(active, [f], {'response/length/add': 1.0})
+    assert new == []  # held, not raised again
+    active, new = next_active(active, [], {'response/length/add': 9.0})  # recovered
+    assert active == set()
