@@ -28,8 +28,8 @@ class RunHealthHook(Hook):
     its history, validation included) to the checks of :mod:`gepo_xtuner.engine.health`.
     An alarm that starts to hold prints one warning line (step, alarm, domain, figures,
     what to try); while it holds (a domain absent from a step's batch keeps its alarms,
-    see :func:`~gepo_xtuner.engine.health.next_active`), ``health/<alarm>`` counts the domains in alarm and
-    ``health/<alarm>/<domain>`` is 1 (both 0 otherwise; every step, in the scalar
+    see :func:`~gepo_xtuner.engine.health.next_active`), ``health/<alarm>`` counts the
+    domains in alarm and ``health/<alarm>/<domain>`` is 1 (0 otherwise; every step, in the scalar
     backends and in the run's history, so ``training_curves.png`` marks where alarms
     fired). At the end of the run a summary lists every alarm raised.
 
