@@ -10,7 +10,8 @@ that checkpoint continues with the hook's state (the alarm is not raised again).
 backend whose weights are never updated raises ``rollout_mismatch``; pushed weights do not.
 Validation that pays for the opposite of what training pays for raises
 ``reward_without_val``; validation scored like training does not. A policy driven to
-determinism raises ``entropy_collapse``.
+determinism raises ``entropy_collapse``; a tight clip with two epochs per batch raises
+``clip_saturated``.
 """
 
 import json
@@ -180,3 +181,19 @@ def test_a_policy_driven_to_determinism_raises_entropy_collapse(tiny_dir, tmp_pa
     values = [r[key] for r in history if key in r and r['step'] <= step]
     assert sum(values[-3:]) / 3 < 0.1 * sum(values[:5]) / 5
     assert 'entropy_runaway' not in [a for _, a, _, _ in raised]
+
+
+def test_a_tight_clip_with_two_epochs_per_batch_raises_clip_saturated(
+        tiny_dir, tmp_path, brevity_run):
+    proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, 'train_cfg.val=None',
+                 'train_cfg.max_steps=4', 'train_cfg.ppo_epochs=2',
+                 'model.policy_loss.eps_low=0.02', 'model.policy_loss.eps_high=0.02')
+    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
+    raised = events(proc.stdout + proc.stderr)
+    assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
+    fracs = [r['loss/clipfrac'] for r in history if r['step'] >= 1]
+    expected = next(i + 1 for i in range(2, len(fracs)) if min(fracs[i - 2:i + 1]) > 0.2)
+    assert ('clip_saturated', expected) in [(a, s) for s, a, _, _ in raised]
+    # without the cause (one epoch, the config's CISPO bounds 1 / 4) nothing is clipped
+    work, output = brevity_run
+    assert 'clip_saturated' not in [a for _, a, _, _ in events(output)]
