@@ -176,6 +176,7 @@ class RLTrainLoop(BaseLoop):
         self.no_signal_warn_steps = 3  # consecutive steps without gradient signal -> warning
         self._no_signal_steps = 0
         self.step_metrics: dict[str, float] = {}  # what the current step logged
+        self.stop_training = False  # a hook may end the run early (mmengine's convention)
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
@@ -284,7 +285,7 @@ class RLTrainLoop(BaseLoop):
             self._log_validation(0, metrics)
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
-        while self._iter < self._max_iters:
+        while self._iter < self._max_iters and not self.stop_training:
             self.run_iter(next(self.dataloader_iterator))
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
