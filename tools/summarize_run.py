@@ -8,7 +8,9 @@ Usage::
 Reads ``WORK_DIR/training_curves.json`` (the loop's metric history, written at the end of
 a run by ``TrainingCurvesHook``) and prints, per domain, the mean training reward of the
 first and last steps, each validation metric at its first and last evaluation, and the
-mean time per RL step and generated tokens per second (with its rollout share).
+mean time per RL step and generated tokens per second (with its rollout share), and the
+run-health alarms raised (``health/<alarm>/<domain>`` metrics of ``RunHealthHook``: the step
+each started; the run's log has each alarm's full line).
 """
 
 import argparse
@@ -52,6 +54,28 @@ def summarize(history: list[dict]) -> list[str]:
     if rollout > 0:
         lines.append(f'generated tokens/s: {tokens / rollout:.1f} ({int(tokens)} tokens in '
                      f'{rollout:.1f} s of rollout)')
+    lines += alarm_lines(history)
+    return lines
+
+
+def alarm_lines(history: list[dict]) -> list[str]:
+    """The alarms raised: one line per alarm, domain and step it started at."""
+    watched = any(k.startswith('health/') for row in history for k in row)
+    if not watched:
+        return ['alarms: not watched (no RunHealthHook in the config)']
+    started: list[tuple[int, str]] = []
+    holding: set[str] = set()
+    for row in history:
+        now = {k for k, v in row.items()
+               if k.startswith('health/') and k.count('/') == 2 and v and v == v}
+        started += [(int(row['step']), k) for k in sorted(now - holding)]
+        holding = now
+    if not started:
+        return ['alarms: none']
+    lines = [f'alarms: {len(started)} (see the log for figures and what to try):']
+    for step, key in started:
+        _, alarm, domain = key.split('/')
+        lines.append(f'  step {step:<5} {alarm} [{domain}]')
     return lines
 
 

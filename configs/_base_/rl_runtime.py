@@ -9,7 +9,10 @@ default_hooks = dict(
         interval=50,
         by_epoch=False,
         max_keep_ckpts=2,
-        backend_args=dict(backend='atomic_local')))  # a kill during a save loses nothing
+        backend_args=dict(backend='atomic_local')),  # a kill during a save loses nothing
+    # named alarms (length collapse, entropy, GEPO's band, rollout drift, reward without
+    # validation): action='warn' prints them, 'stop' checkpoints and exits with status 3
+    health=dict(type='RunHealthHook', action='warn'))
 # The RL loop owns and checkpoints its run state itself (processor state, RNG, history).
 custom_hooks = [dict(type='TrainingCurvesHook')]
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from matplotlib.figure import Figure  # no pyplot: no backend is selected, files only
 
 from ..advantage.base import BAND_KEYS
+from .health_marks import mark_alarms
 
 Series = dict[str, tuple[list[float], list[float]]]
 
@@ -44,6 +45,9 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
        removed responses (``shaping/frac_removed/<domain>``, dotted) for gating shapers;
        a share that is 0 at every step is not drawn;
     4. validation accuracy per domain or benchmark (``val/<name>/acc``, Figure 3).
+
+    Run-health alarms (``health/<alarm>/<domain>``) are marked where they started: a
+    dotted red line on every panel, named on the first.
 
     Args:
         history: one dict per step with ``step`` and the metrics above (absent or
@@ -96,6 +100,7 @@ def plot_training_curves(history: list[dict], path: Path, title: str = '') -> Pa
     if names:
         fig.legend(handles, names, loc='lower center', ncol=min(len(names), 8), fontsize=9,
                    frameon=False)
+    mark_alarms((ax_h, ax_r, ax_s, ax_v), history)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.05 if names else 0, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ field             type                         meaning
 ``id``            str or int, optional         default ``<file stem>-<line>`` (Parquet:
                                                ``<file stem>-<row>``); ints become strings
 ``metadata``      dict, optional               free-form; passed to the reward function
+                                               (a JSON string holding an object, as LiveCodeBench
+                                               publishes it, is accepted too)
 ================  ===========================  =============================================
 
 Exactly one of ``prompt`` and ``messages`` is required. Other fields are kept and passed
@@ -227,9 +229,21 @@ def _check_references(record: dict, p: _Problems) -> None:
                       f'{_type(item["kwargs"])}', 'write the checker\'s arguments as {}')
     if 'instruction_id_list' in record:  # IFEval / IFBench as published
         _check_instruction_columns(record, p)
-    if 'metadata' in record and not isinstance(record['metadata'], dict):
+    if 'metadata' in record and not isinstance(record['metadata'], dict) \
+            and not _json_object(record['metadata']):
         p.add('metadata', f'must be an object, got {_type(record["metadata"])}',
-              'wrap the values in {...}')
+              'wrap the values in {...} (or, as LiveCodeBench publishes it, a JSON string '
+              'holding an object)')
+
+
+def _json_object(value: Any) -> bool:
+    """Whether ``value`` is a string holding a JSON object (or nothing)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        return not value.strip() or isinstance(json.loads(value), dict)
+    except ValueError:
+        return False
 
 
 def _check_instruction_columns(record: dict, p: _Problems) -> None:

@@ -139,6 +139,7 @@ class RLTrainLoop(BaseLoop):
                 print_log(warning, logger='current', level=logging.WARNING)
         self.no_signal = NoSignalWatch()  # warns after steps without gradient signal
         self.step_metrics: dict[str, float] = {}  # what the current step logged
+        self.stop_training = False  # a hook may end the run early (mmengine's convention)
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
@@ -238,7 +239,7 @@ class RLTrainLoop(BaseLoop):
             self._log_validation(0, metrics)
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
-        while self._iter < self._max_iters:
+        while self._iter < self._max_iters and not self.stop_training:
             self.run_iter(next(self.dataloader_iterator))
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')

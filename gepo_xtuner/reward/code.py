@@ -1,9 +1,13 @@
 """CodeReward: runs the completion's program against the record's tests in a sandbox."""
 
 import ast
+import base64
+import io
 import json
 import math
+import pickle
 import re
+import zlib
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -11,7 +15,8 @@ from typing import Any, Literal
 
 from ..registry import REWARDS
 from .base import Reward
-from .sandbox import Sandbox
+from .sandbox import AssertTests, Sandbox
+from .sandbox_remote import free_names, unsupported_arguments
 
 __all__ = ['CodeReward', 'TestCase', 'extract_code', 'parse_tests']
 
@@ -52,9 +57,11 @@ class TestCase:
       (JSON records: :func:`same_value`; literal asserts: Python ``==`` on builtin
       values, ``python_eq``);
     * ``'asserts'``: the program ``asserts`` (MBPP's ``test_list``, HumanEval's
-      ``check``) must run to its end against the solution's names, every assert true
-      (:func:`~gepo_xtuner.reward.sandbox_harness.run_asserts`); ``prelude`` (HumanEval's
-      ``prompt``) goes before a solution that does not define ``entry_point``.
+      ``check``) must run to its end, every assert true, in a process of its own that
+      calls the solution's ``names`` in the solution's process
+      (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``prelude`` (HumanEval's ``prompt``)
+      runs before the tests in their process, and before a solution that does not
+      define ``entry_point`` in the solution's.
     """
 
     __test__ = False  # not a pytest class despite the name
@@ -69,6 +76,7 @@ class TestCase:
     asserts: str = ''
     prelude: str = ''
     entry_point: str | None = None
+    names: tuple = ()          # asserts: the solution's names the tests use
 
 
 def _call_args(raw: Any, where: str) -> list:
@@ -128,7 +136,9 @@ def _assert_tests(record: dict[str, Any], rid: Any, challenge: bool) -> list[Tes
             ast.parse(program)
         except SyntaxError as exc:
             raise ValueError(f'{where}: the tests do not parse: {exc}') from exc
-        return [TestCase('asserts', asserts=program)]
+        names = free_names(program, keep_builtins=_defined(record.get('code')))
+        _refuse_unsupported(where, program, set(names))
+        return [TestCase('asserts', asserts=program, names=names)]
     if 'test' in record and 'entry_point' in record:  # HumanEval
         where = f'code record {rid!r} (HumanEval)'
         test, entry = record['test'], record['entry_point']
@@ -137,14 +147,84 @@ def _assert_tests(record: dict[str, Any], rid: Any, challenge: bool) -> list[Tes
         if not isinstance(entry, str) or not entry.isidentifier():
             raise ValueError(f"{where}: 'entry_point' must be a function name, got {entry!r}")
         program = f'{test}\n\ncheck({entry})\n'
-        try:
-            ast.parse(program)
-        except SyntaxError as exc:
-            raise ValueError(f'{where}: the test does not parse: {exc}') from exc
         prompt = record.get('prompt')
-        return [TestCase('asserts', asserts=program, entry_point=entry,
-                         prelude=prompt if isinstance(prompt, str) else '')]
+        prompt = prompt if isinstance(prompt, str) else ''
+        try:
+            tree = ast.parse(program)
+            ast.parse(prompt)
+        except SyntaxError as exc:
+            raise ValueError(f'{where}: the test or the prompt does not parse: {exc}') from exc
+        names = free_names(program)
+        params = {a.arg for n in tree.body if isinstance(n, ast.FunctionDef)
+                  and n.name == 'check' for a in n.args.args[:1]}
+        _refuse_unsupported(where, program, {*names, entry, *params})
+        return [TestCase('asserts', asserts=program, entry_point=entry, prelude=prompt,
+                         names=names)]
     return None
+
+
+def _defined(code: Any) -> tuple[str, ...]:
+    """Top-level functions and classes of a record's reference solution (MBPP's
+    ``code``), so that one named like a builtin is still looked up in the solution."""
+    try:
+        tree = ast.parse(code) if isinstance(code, str) else None
+    except SyntaxError:
+        return ()
+    return tuple(n.name for n in getattr(tree, 'body', ()) if isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+
+def _refuse_unsupported(where: str, program: str, targets: set[str]) -> None:
+    why = unsupported_arguments(program, targets)
+    if why is not None:
+        raise ValueError(f'{where}: cannot be scored safely: {why}')
+
+
+class _StringOnly(pickle.Unpickler):
+    """Unpickles a string and nothing else (no class, no function: no code runs)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f'{module}.{name}: only a string is expected here')
+
+
+def _livecodebench_cases(raw: Any, where: str) -> list:
+    """LiveCodeBench's ``public_test_cases`` / ``private_test_cases``: a JSON list, or
+    (the private ones) that JSON pickled as a string, zlib-compressed and base64-encoded."""
+    if isinstance(raw, list):
+        return raw
+    if not isinstance(raw, str) or not raw.strip():
+        return []
+    try:
+        cases = json.loads(raw)
+    except ValueError:
+        try:
+            text = _StringOnly(io.BytesIO(zlib.decompress(base64.b64decode(raw)))).load()
+            cases = json.loads(text) if isinstance(text, str) else None
+        except (ValueError, zlib.error, pickle.UnpicklingError, EOFError) as exc:
+            raise ValueError(f'{where}: neither JSON nor the compressed form: {exc}') from exc
+    if not isinstance(cases, list):
+        raise ValueError(f'{where}: expected a list of test cases')
+    return cases
+
+
+def _livecodebench_tests(record: dict[str, Any], rid: Any) -> list[dict] | None:
+    """A LiveCodeBench (``code_generation_lite``) record's tests in the ``tests`` form;
+    None if the record is not one."""
+    if 'public_test_cases' not in record:
+        return None
+    where = f'code record {rid!r} (LiveCodeBench)'
+    metadata = record.get('metadata') or {}
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata) if metadata.strip() else {}
+        except ValueError as exc:
+            raise ValueError(f"{where}: 'metadata' is not JSON: {exc}") from exc
+    tests = [*_livecodebench_cases(record['public_test_cases'], f'{where}, public_test_cases'),
+             *_livecodebench_cases(record.get('private_test_cases'),
+                                   f'{where}, private_test_cases')]
+    fn_name = metadata.get('func_name') if isinstance(metadata, dict) else None
+    return [{**t, 'fn_name': fn_name} if isinstance(t, Mapping) and fn_name else t
+            for t in tests]
 
 
 def parse_tests(record: dict[str, Any], challenge: bool = False) -> list[TestCase]:
@@ -169,14 +249,20 @@ def parse_tests(record: dict[str, Any], challenge: bool = False) -> list[TestCas
       "testtype": "functional"}`` with the name in ``fn_name`` or
       ``metadata.func_name``.
 
+    LiveCodeBench records as published (``code_generation_lite``: ``public_test_cases``
+    a JSON string, ``private_test_cases`` JSON or its compressed form, ``metadata`` a JSON
+    string with ``func_name``) are read as they are: both lists of tests, in the forms
+    above (``stdin`` or ``functional``).
+
     Raises:
         ValueError: no tests, or a test in none of these forms (says which one).
     """
-    rid = record.get('id', record.get('task_id', '?'))
+    rid = record.get('id', record.get('task_id', record.get('question_id', '?')))
     published = _assert_tests(record, rid, challenge)
     if published is not None:
         return published
-    tests = record.get('tests')
+    tests = _livecodebench_tests(record, rid)
+    tests = record.get('tests') if tests is None else tests
     if isinstance(tests, Mapping):
         tests = [tests]
     if not tests or not isinstance(tests, list):
@@ -398,7 +484,8 @@ class CodeReward(Reward):
             if case.entry_point and not re.search(
                     rf'^\s*(async\s+)?def\s+{re.escape(case.entry_point)}\s*\(', code, re.M):
                 code = case.prelude + code  # HumanEval: the completion is the function body
-            result = self.sandbox.run(code, asserts=case.asserts)
+            result = self.sandbox.run(code, asserts=AssertTests(
+                case.asserts, case.prelude, case.entry_point, case.names))
             return result.status == 'ok' and result.has_value
         if case.calls:
             result = self.sandbox.run(code, calls=[(f, a) for f, a, _ in case.calls])

@@ -46,6 +46,7 @@ No limit depends on the audit hook: at the two kernel levels none is installed, 
 
 import fcntl
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -73,11 +74,17 @@ except ImportError:  # the module also works on its own (stdlib only)
         logging.getLogger('gepo_xtuner.reward.sandbox').log(level, msg)
 
 from .sandbox_harness import decode_value, landlock_abi
+from .sandbox_remote import free_names, imported_modules
+from .sandbox_seccomp import supported as _seccomp_arch_support
 
-__all__ = ['LEVELS', 'UID_BASE', 'Sandbox', 'SandboxError', 'SandboxResult',
-           'available_levels', 'bwrap_executable', 'cgroup_support', 'namespaces_available']
+__all__ = ['LEVELS', 'UID_BASE', 'AssertTests', 'Sandbox', 'SandboxError', 'SandboxResult',
+           'UnsupportedTestError', 'available_levels', 'bwrap_executable', 'cgroup_support',
+           'namespaces_available', 'seccomp_support']
 
 _HARNESS = str(Path(__file__).with_name('sandbox_harness.py'))
+#: The harness and the two modules it loads (shown read-only inside a bwrap sandbox).
+_HARNESS_FILES = tuple(str(Path(__file__).with_name(name)) for name in
+                       ('sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py'))
 # root makes the namespaces itself (a user namespace would map the code to host root)
 _UNSHARE_ARGS = ('--net', '--pid', '--fork', '--kill-child')
 _UNSHARE_ARGS_USER = ('--map-root-user', *_UNSHARE_ARGS)
@@ -88,8 +95,9 @@ Level = Literal['unsafe', 'unsafe_files', 'contained', 'isolated']
 MECHANISMS = {'isolated': 'bubblewrap', 'contained': 'Landlock',
               'unsafe_files': 'namespaces + audit hook', 'unsafe': 'audit hook'}
 #: First of the user ids a root trainer's sandbox runs under (one per concurrent run,
-#: ``UID_SLOTS`` of them); override with ``GEPO_SANDBOX_UID_BASE``. No account needs to
-#: exist for them; pick a range no real user or container mapping on the machine uses.
+#: ``UID_SLOTS`` of them, and as many again from ``UID_BASE + UID_SLOTS`` for the test
+#: processes of assert runs); override with ``GEPO_SANDBOX_UID_BASE``. No account needs
+#: to exist for them; pick a range no real user or container mapping on the machine uses.
 UID_BASE = int(os.environ.get('GEPO_SANDBOX_UID_BASE', 0x70000000))
 UID_SLOTS = 4096
 #: Where the code's working directory is inside a bwrap sandbox (``/tmp`` links to it
@@ -131,6 +139,40 @@ _report_lock = threading.Lock()
 class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start the process or set its limits), or
     the required containment level is not available here."""
+
+
+class UnsupportedTestError(ValueError):
+    """An assert-form test passes the solution a value that cannot cross from the test
+    process to the solution's (a lambda, an object of a class the tests define): the
+    record cannot be scored without running the two in one process, so it is refused."""
+
+
+@dataclass(frozen=True)
+class AssertTests:
+    """An assert-form test program, run in a process of its own against the solution's.
+
+    Attributes:
+        program: the tests (MBPP's setup and ``test_list``; HumanEval's ``test`` then
+            ``check(<entry_point>)``), run as published.
+        prelude: trusted code run before them in the test process (HumanEval's
+            ``prompt``, whose helper functions the tests call), '' for none.
+        entry_point: a name that is always looked up in the solution (HumanEval's).
+        names: names the program reads without defining them, looked up in the
+            solution's module (default: :func:`~gepo_xtuner.reward.sandbox_remote.free_names`
+            of ``program``, builtins left out, so the code cannot shadow a builtin the
+            tests call).
+    """
+
+    program: str
+    prelude: str = ''
+    entry_point: str | None = None
+    names: tuple[str, ...] | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """What the test process reads (nonce aside)."""
+        names = self.names if self.names is not None else free_names(self.program)
+        return {'program': self.program, 'prelude': self.prelude,
+                'entry_point': self.entry_point, 'names': list(names)}
 
 
 @dataclass(frozen=True)
@@ -222,6 +264,13 @@ def _system_binds() -> list[str]:
     return args
 
 
+def _harness_binds() -> list[str]:
+    """The harness files, and the cached bytecode of the modules it imports where it
+    exists (without it, every run compiles them again: ~10 ms)."""
+    cached = [importlib.util.cache_from_source(p) for p in _HARNESS_FILES[1:]]
+    return [*_HARNESS_FILES, *(c for c in cached if os.path.isfile(c))]
+
+
 def _bwrap_prefix(bwrap: str, variant: tuple[str, ...], interp: _Interpreter,
                   disk_bytes: int) -> list[str]:
     """The bwrap command line up to the sandboxed command."""
@@ -232,20 +281,22 @@ def _bwrap_prefix(bwrap: str, variant: tuple[str, ...], interp: _Interpreter,
                         if os.path.isdir(d) and not os.path.islink(d))]
     # the directories leading to them, searchable by the run's uid (bwrap would make
     # them 0700, and a root-owned 0700 /root would hide the interpreter from it)
-    parents = sorted({str(parent) for path in [*binds, _HARNESS]
+    parents = sorted({str(parent) for path in [*binds, *_harness_binds()]
                       for parent in Path(path).parents if str(parent) != '/'}, key=len)
     for parent in parents:
         if not any(parent == d or parent.startswith(d + '/') for d in _SYSTEM_DIRS):
             args += ['--perms', '0755', '--dir', parent]
     for root in binds:
         args += ['--ro-bind', root, root]
-    args += ['--ro-bind', _HARNESS, _HARNESS, '--proc', '/proc',
+    for path in _harness_binds():
+        args += ['--ro-bind', path, path]
+    args += ['--proc', '/proc',
              '--ro-bind', '/proc/sys', '/proc/sys']  # kernel settings: read-only
     for path in _PROC_MASKED:
         if os.path.exists(path):
             args += ['--ro-bind', '/dev/null', path]
     args += ['--dev', '/dev', '--remount-ro', '/dev']
-    if not any(p == '/tmp' or p.startswith('/tmp/') for p in (*interp.roots, _HARNESS)):
+    if not any(p == '/tmp' or p.startswith('/tmp/') for p in (*interp.roots, *_HARNESS_FILES)):
         args += ['--symlink', BOX_WORK_DIR, '/tmp']
     args += ['--remount-ro', '/', '--chdir', BOX_WORK_DIR]
     return args
@@ -310,6 +361,28 @@ def namespaces_available(python: str) -> bool:
 @functools.cache
 def _landlock_abi_cached() -> int:
     return landlock_abi()
+
+
+@functools.cache
+def seccomp_support() -> str | None:
+    """None if the seccomp filter (:mod:`~gepo_xtuner.reward.sandbox_seccomp`) can be
+    installed here, else why not: probed once by installing it in a child process and
+    checking that ``unshare`` is then refused."""
+    why = _seccomp_arch_support()
+    if why is not None:
+        return why
+    probe = ('import ctypes, sys; sys.path.insert(0, sys.argv[1]); import sandbox_seccomp; '
+             'sandbox_seccomp.apply_filter(); libc = ctypes.CDLL(None, use_errno=True); '
+             'sys.exit(0 if libc.unshare(0) == -1 and ctypes.get_errno() == 1 else 3)')
+    try:
+        done = subprocess.run([sys.executable, '-I', '-S', '-c', probe,
+                               os.path.dirname(_HARNESS)], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=30, check=False, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f'the seccomp probe failed: {exc}'
+    if done.returncode != 0:
+        return f'the kernel refused the seccomp filter: {done.stderr.strip()[-300:]}'
+    return None
 
 
 def available_levels(python: str | None = None) -> dict[str, str | None]:
@@ -381,6 +454,9 @@ def _report(python: str, level: str, why_not: dict[str, str | None]) -> None:
               if isinstance(cgroups, dict) else
               f'no cgroup ({cgroups}): memory limited per process, processes by RLIMIT_NPROC')
     user = ('own uid per run' if os.geteuid() == 0 else f'uid {os.geteuid()}')
+    if level in ('isolated', 'contained'):
+        why = seccomp_support()
+        user = ('seccomp filter' if why is None else f'NO seccomp filter ({why})') + '; ' + user
     warn = '' if level in ('isolated', 'contained') else (
         ': NOT A SECURITY BOUNDARY, files are guarded in Python only')
     print_log(f'reward/sandbox: {level} ({MECHANISMS[level]}; {user}; {memory}){warn}{note}',
@@ -433,6 +509,10 @@ class _UidLease:
     ranks, other jobs) never share a uid, and a crashed holder frees its slot. One uid
     per run makes RLIMIT_NPROC count exactly that run's processes and lets the parent
     find and kill every one of them afterwards, whatever the code did to hide them.
+
+    Each slot holds two ids: ``uid`` (``UID_BASE + slot``) for the code, and
+    ``tests_uid`` (``UID_BASE + UID_SLOTS + slot``) for the test process of an assert run,
+    which the code's process then can neither signal nor trace.
     """
 
     _DIR = os.path.join(tempfile.gettempdir(), 'gepo-sandbox-uids')
@@ -448,13 +528,14 @@ class _UidLease:
             except BlockingIOError:
                 os.close(fd)
                 continue
-            self._fd, self.uid = fd, UID_BASE + slot
+            self._fd, self.uid, self.tests_uid = fd, UID_BASE + slot, UID_BASE + UID_SLOTS + slot
             return
         raise SandboxError(f'all {UID_SLOTS} sandbox user ids are in use')
 
     def release(self) -> None:
-        """Kills what still runs under the uid, then frees the slot."""
+        """Kills what still runs under the two uids, then frees the slot."""
         _kill_uid(self.uid)
+        _kill_uid(self.tests_uid)
         os.close(self._fd)
 
 
@@ -723,7 +804,7 @@ class Sandbox:
         _report(self.python, self.isolation, why_not)
 
     def run(self, code: str, stdin: str = '', fn_name: str | None = None,
-            args: list | None = None, asserts: str | None = None,
+            args: list | None = None, asserts: 'AssertTests | str | None' = None,
             calls: list[tuple[str, list]] | None = None) -> SandboxResult:
         """Runs ``code`` once.
 
@@ -735,15 +816,20 @@ class Sandbox:
             args: positional arguments of the call.
             calls: call mode, several calls in one process: ``[(fn_name, args), ...]``;
                 ``value`` is then the list of their values (``has_value``: all returned).
-            asserts: asserts mode: a test program of ``assert`` statements (MBPP's
-                ``test_list``, HumanEval's ``check(candidate)``) run after the code
-                against its names (:func:`~gepo_xtuner.reward.sandbox_harness.run_asserts`);
-                passed only if the run reaches the end of it.
+            asserts: asserts mode: a test program (MBPP's ``test_list``, HumanEval's
+                ``check(candidate)``; :class:`AssertTests`, or its program alone) run in a
+                process of its own against the code's names
+                (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``has_value`` only if it
+                ran to its end, and ``value`` is how many calls it made into the code.
 
         Raises:
             SandboxError: the process could not be started or did not reach the code
                 (an infrastructure failure, not a wrong solution).
+            UnsupportedTestError: asserts mode: the tests pass the code a value that
+                cannot leave the test process (the record cannot be scored this way).
         """
+        if isinstance(asserts, str):
+            asserts = AssertTests(asserts)
         root = tempfile.mkdtemp(prefix='gepo-sandbox-', dir=self.tmp_dir)
         lease = _UidLease() if os.geteuid() == 0 else None
         cgroups = None
@@ -772,6 +858,7 @@ class Sandbox:
         spec['block_processes'] = spec['block_network']
         spec['landlock'] = None
         spec['fs_guard'] = None
+        spec['seccomp'] = level in ('isolated', 'contained') and seccomp_support() is None
         if level == 'contained':
             spec['landlock'] = dict(read=self._read_roots(), write=[work],
                                     read_files=[*_SYSTEM_FILES, *_DEVICES_READ],
@@ -801,10 +888,12 @@ class Sandbox:
         if lease is not None and not bwrap:
             os.chown(host_work, lease.uid, lease.uid)  # bwrap: the harness does it in /sandbox
         paths = {name: os.path.join(root, name) for name in
-                 ('solution.py', 'stdin.txt', 'stdout.txt', 'stderr.txt', 'control')}
+                 ('solution.py', 'tests.json', 'stdin.txt', 'stdout.txt', 'stderr.txt',
+                  'control')}
         nonce = uuid.uuid4().hex
-        if asserts is not None:  # read by the harness, never by the code
-            code = f'{nonce}\n{len(asserts)}\n{asserts}{code}'
+        # read by the test process only; the code's process never holds them
+        Path(paths['tests.json']).write_text(json.dumps(
+            {} if asserts is None else {'nonce': nonce, **asserts.spec()}), encoding='utf-8')
         # errors='replace': a lone surrogate from a bad decode is the solution's problem
         Path(paths['solution.py']).write_text(code, encoding='utf-8', errors='replace')
         Path(paths['stdin.txt']).write_text(stdin, encoding='utf-8', errors='replace')
@@ -815,8 +904,10 @@ class Sandbox:
         with open(paths['stdin.txt'], 'rb') as fin, open(paths['stdout.txt'], 'wb') as fout, \
                 open(paths['stderr.txt'], 'wb') as ferr, \
                 open(paths['solution.py'], 'rb') as fcode, \
+                open(paths['tests.json'], 'rb') as ftests, \
                 open(paths['control'], 'wb') as fcontrol:
             spec = {'code_fd': fcode.fileno(), 'control_fd': fcontrol.fileno(),
+                    'tests_fd': ftests.fileno(),
                     'mode': ('asserts' if asserts is not None else
                              'stdin' if fn_name is None and calls is None else 'call'),
                     'fn_name': fn_name, 'calls': [list(c) for c in calls] if calls else None,
@@ -826,14 +917,18 @@ class Sandbox:
                     'max_processes': self.max_processes,
                     'cgroup_fds': list(cgroups.fds) if cgroups is not None else [],
                     'drop_to': [lease.uid, lease.uid] if lease is not None else None,
-                    'own': [BOX_WORK_DIR] if lease is not None and bwrap else []}
+                    'drop_tests_to': ([lease.tests_uid, lease.tests_uid]
+                                      if lease is not None else None),
+                    'own': [BOX_WORK_DIR] if lease is not None and bwrap else [],
+                    # the prompt's imports (not the tests'): loaded once, before the fork
+                    'preload': list(imported_modules(asserts.prelude)) if asserts else []}
             cmd = self._command(spec, host_work)
             try:
                 proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,
                                         cwd=host_work, env=env, start_new_session=True,
                                         close_fds=True,
                                         pass_fds=(fcode.fileno(), fcontrol.fileno(),
-                                                  *spec['cgroup_fds']))
+                                                  ftests.fileno(), *spec['cgroup_fds']))
             except OSError as exc:
                 raise SandboxError(f'cannot start the sandbox process: {exc}') from exc
         disk_bytes = self.disk_mb << 20
@@ -861,6 +956,9 @@ class Sandbox:
             raise SandboxError(f'the sandbox failed before running the code (exit code '
                                f'{returncode}): {stderr.strip()[-1000:]}')
         value, has_value = None, False
+        if asserts is not None and len(lines) > 1 and \
+                lines[-1].startswith(f'unsupported {nonce} '):
+            raise UnsupportedTestError(json.loads(lines[-1].split(' ', 2)[2]))
         if asserts is not None and finished and returncode == 0 and len(lines) > 1:
             head, _, count = lines[-1].rpartition(' ')
             if head == f'asserts-ok {nonce}' and count.isdigit():

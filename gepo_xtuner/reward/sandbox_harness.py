@@ -8,25 +8,45 @@ site-packages directories are appended to ``sys.path`` by hand).
 Order matters: every limit and guard is in place before the first line of untrusted
 code runs, and limits are set with hard == soft so the code cannot raise them again.
 
-Spec keys: ``code_fd`` (a readable descriptor holding the source) and ``control_fd``
-(a writable one: ``ready`` then, in call mode, one typed JSON value per call; in asserts
-mode ``asserts-ok <nonce> <count>``), ``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``),
-``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``, ``memory_bytes``,
-``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid, gid]`` to become
-for good, root only) and ``own`` (paths to give that uid first),
-``max_output_bytes``, ``max_processes``, ``block_network``, ``block_processes``,
-``site_dirs``, ``landlock`` (None or the rules of :func:`apply_landlock`) and
-``fs_guard`` (None or ``{'read': [...], 'write': [...], 'read_files': [...],
-'metadata_only': bool}``: the Python-level file guard; at the weaker levels it checks
-every file access and refuses process creation, with Landlock only the metadata
-changes Landlock does not control).
+Spec keys: ``code_fd`` (a readable descriptor holding the source), ``tests_fd`` (the
+assert tests and their nonce as JSON, read only by the test process of an assert run) and
+``control_fd`` (a writable one: ``ready`` then, in call mode, one typed JSON value per
+call; in asserts mode ``asserts-ok <nonce> <calls>`` or ``unsupported <nonce> <reason>``),
+``mode`` (``'stdin'``, ``'call'`` or ``'asserts'``: :func:`run_assert_tests`, two
+processes), ``fn_name`` and ``args`` or ``calls`` (call mode), ``cpu_s``,
+``memory_bytes``, ``preload`` (modules a HumanEval prompt imports, imported before the
+fork), ``cgroup_fds`` (``cgroup.procs`` files to join), ``drop_to`` (``[uid,
+gid]`` the code becomes for good, root only), ``drop_tests_to`` (the test process's, root
+only) and ``own`` (paths to give the code's uid first), ``seccomp`` (install
+:mod:`sandbox_seccomp`'s filter), ``max_output_bytes``, ``max_processes``,
+``block_network``, ``block_processes``, ``site_dirs``, ``landlock`` (None or the rules of
+:func:`apply_landlock`) and ``fs_guard`` (None or ``{'read': [...], 'write': [...],
+'read_files': [...], 'metadata_only': bool}``: the Python-level file guard; at the weaker
+levels it checks every file access and refuses process creation, with Landlock only the
+metadata changes Landlock does not control).
 """
 
 import builtins
 import json
 import os
 import resource
+import signal
 import sys
+
+if __package__:  # imported by the trainer (gepo_xtuner.reward.sandbox)
+    from . import sandbox_remote as remote
+    from . import sandbox_seccomp as seccomp
+else:
+    # run as the sandbox's script (-I: no package, no script directory on sys.path): the
+    # two modules beside this file are imported before any restriction, and the directory
+    # is taken off sys.path again so that the code cannot import the package's other
+    # modules by name
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import sandbox_remote as remote
+        import sandbox_seccomp as seccomp
+    finally:
+        del sys.path[0]
 
 # Audit events (https://docs.python.org/3/library/audit_events.html) refused by the guard.
 _NETWORK_EVENTS = frozenset({'socket.__new__', 'socket.socketpair'})
@@ -295,106 +315,6 @@ def decode_value(data: object) -> object:
     raise ValueError(f'unknown value tag {tag!r}')
 
 
-# ------------------------------------------------------------------- assert-style tests
-
-def _module_names(tree) -> list[str]:
-    import ast  # noqa: PLC0415
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.append(node.module)
-    return names
-
-
-def _checked_asserts(tree):
-    """Rewrites every ``assert`` of a test program: each comparison inside it becomes
-    ``__gepo_compare__(ops, operands)`` and the assert ``__gepo_assert__(value)``
-    (both defined by :func:`run_asserts`)."""
-    import ast  # noqa: PLC0415
-
-    class Compare(ast.NodeTransformer):
-        def visit_Compare(self, node):
-            self.generic_visit(node)
-            ops = ast.List([ast.Constant(type(op).__name__) for op in node.ops], ast.Load())
-            operands = ast.List([node.left, *node.comparators], ast.Load())
-            return ast.copy_location(ast.Call(ast.Name('__gepo_compare__', ast.Load()),
-                                              [ops, operands], []), node)
-
-    class Assert(ast.NodeTransformer):
-        def visit_Assert(self, node):
-            test = Compare().visit(node.test)
-            call = ast.Call(ast.Name('__gepo_assert__', ast.Load()), [test], [])
-            return ast.copy_location(ast.Expr(call), node)
-
-    return ast.fix_missing_locations(Assert().visit(tree))
-
-
-def run_asserts(solution: str, tests: str, report) -> None:
-    """Runs ``solution``, then the assert-style ``tests`` against it, so that only a
-    solution that passes every assert reaches ``report(count)``.
-
-    What a solution cannot do to pass: exit early (``sys.exit``, ``os._exit``,
-    ``SystemExit``: ``report`` is never reached), return objects whose ``__eq__`` or
-    ``__bool__`` always agree (every operand of every comparison and every asserted
-    value must be plain builtin data, :func:`encode_value`; comparisons are made by the
-    builtin operators captured before the solution ran), or patch builtins and the
-    modules the tests import (the tests see a copy of the builtins taken before the
-    solution ran; the modules they import are imported and snapshotted first, and any
-    change of them or of the builtins fails the run).
-    """
-    import ast  # noqa: PLC0415
-    import operator  # noqa: PLC0415
-    tree = ast.parse(tests, 'tests.py')
-    for name in _module_names(tree):
-        try:
-            __import__(name)
-        except ImportError:
-            pass  # the tests' own import fails later, as it would anyway
-    watched = [m for m in (sys.modules.get(n) for n in _module_names(tree))
-               if m is not None and m.__name__ not in ('sys', 'os')]  # these change by use
-    watched += [builtins]
-    snapshot = [(m, dict(vars(m))) for m in watched]
-    pristine = dict(vars(builtins))
-    ops = {'Eq': operator.eq, 'NotEq': operator.ne, 'Lt': operator.lt, 'LtE': operator.le,
-           'Gt': operator.gt, 'GtE': operator.ge, 'In': lambda a, b: operator.contains(b, a),
-           'NotIn': lambda a, b: not operator.contains(b, a), 'Is': operator.is_,
-           'IsNot': operator.is_not}
-    plain, count = encode_value, [0]
-
-    def compare(names, operands):
-        for x in operands:
-            plain(x)  # TypeError for anything but builtin data
-        result = True
-        for name, left, right in zip(names, operands, operands[1:]):
-            result = ops[name](left, right)
-            if not result:
-                return False
-        return result
-
-    def check(value):
-        plain(value)  # builtin data: its truth value is the builtin one
-        if not value:
-            raise AssertionError('assertion failed')
-        count[0] += 1
-
-    checked = compile(_checked_asserts(tree), 'tests.py', 'exec')
-    namespace = {'__name__': '__main__', '__builtins__': builtins}
-    exec(compile(solution, 'solution.py', 'exec'), namespace)  # noqa: S102
-    scope = dict(namespace)
-    scope.update(__builtins__=pristine, __gepo_compare__=compare, __gepo_assert__=check)
-    exec(checked, scope)  # noqa: S102  (the tests, against the solution's names)
-    changed = [f'{module.__name__}.{key}' for module, before in snapshot
-               for key in set(before) | set(vars(module))
-               if before.get(key, check) is not vars(module).get(key, check)]
-    if changed:
-        raise RuntimeError(f'the solution changed {sorted(changed)[:5]}: not scored')
-    if count[0] == 0:
-        raise AssertionError('the tests asserted nothing')
-    report(count[0])
-
-
 def _exit(code: object = None) -> None:
     """``exit()`` / ``quit()`` (``site`` defines them; the harness runs without it)."""
     raise SystemExit(code)
@@ -444,6 +364,125 @@ def drop_privileges(uid: int, gid: int, own: list[str]) -> None:
     raise OSError('the sandbox regained root after dropping it')
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def _set_dumpable(on: bool) -> None:
+    """Non-dumpable: processes of the same user can neither trace this one nor read its
+    memory, descriptors or environment under /proc (the kernel's ptrace access check)."""
+    ctypes, libc = _landlock_syscalls()
+    if libc.prctl(_PR_SET_DUMPABLE, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), 'prctl(PR_SET_DUMPABLE) failed')
+
+
+def _forget_ctypes() -> None:
+    """ctypes was needed for the syscalls; forget it so that a later ``import ctypes`` by
+    the code is a real import (and meets the guard's import check where one is)."""
+    for name in ('ctypes', 'ctypes._endian', '_ctypes'):
+        sys.modules.pop(name, None)
+
+
+def _last_steps(spec: dict) -> None:
+    """What every process that runs the code does last: the address-space limit, the
+    interpreter's site directories, ``exit``/``quit``."""
+    _forget_ctypes()
+    _set_limit(resource.RLIMIT_AS, spec['memory_bytes'])
+    sys.path.extend(spec.get('site_dirs', []))
+    builtins.exit = builtins.quit = _exit
+
+
+def _solution_process(spec: dict, channel: 'remote.Channel', test_pid: int) -> None:
+    """The forked solution process of an assert run: becomes the run's uid, takes the
+    seccomp filter that protects ``test_pid``, runs the solution, then serves calls."""
+    if spec.get('drop_to') is not None:
+        uid, gid = spec['drop_to']
+        drop_privileges(uid, gid, spec.get('own', []))
+    if spec.get('seccomp'):
+        seccomp.apply_filter(protect_pid=test_pid)
+    with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
+        source = f.read()
+    _last_steps(spec)
+    channel.send({'ready': True})
+    _install_guard(spec['block_network'], spec['block_processes'], spec.get('fs_guard'))
+    namespace = {'__name__': '__main__', '__builtins__': builtins}
+    exec(compile(source, 'solution.py', 'exec'), namespace)  # noqa: S102
+    remote.serve(namespace, channel)
+
+
+def run_assert_tests(spec: dict, control) -> None:
+    """Asserts mode: the solution and the tests in two processes (:mod:`sandbox_remote`).
+
+    Forks before the tests are read, so the solution process never holds them; the
+    parent becomes the test process, under a uid of its own where the trainer is root
+    (``drop_tests_to``), non-dumpable in any case, and alone writes the verdict
+    ``asserts-ok <nonce> <calls>`` (or ``unsupported <nonce> <reason as JSON>``).
+    """
+    for name in spec.get('preload', []):  # standard library only: site dirs come later
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    _set_dumpable(False)  # before the fork: no moment in which the solution could attach
+    test_pid = os.getpid()
+    to_solution_r, to_solution_w = os.pipe()
+    to_tests_r, to_tests_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            for fd in (control.fileno(), spec['tests_fd'], to_solution_w, to_tests_r):
+                os.close(fd)
+            _solution_process(spec, remote.Channel(to_solution_r, to_tests_w), test_pid)
+            status = 0
+        except SystemExit as exc:  # the solution's exit(): the verdict is the tests' anyway
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001  (reported on stderr, the run fails)
+            import traceback  # noqa: PLC0415
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:  # noqa: BLE001  (the code may have closed or replaced it)
+                    pass
+            os._exit(status)  # never the trainer's atexit handlers or the code's threads
+    for fd in (to_solution_r, to_tests_w, spec['code_fd']):
+        os.close(fd)
+    if spec.get('drop_tests_to') is not None:
+        uid, gid = spec['drop_tests_to']
+        drop_privileges(uid, gid, [])
+        _set_dumpable(False)  # a change of credentials may reset it
+    if spec.get('seccomp'):
+        seccomp.apply_filter()
+    os.chdir('/')
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt inside a test's try
+    with os.fdopen(spec['tests_fd'], encoding='utf-8') as f:
+        tests = json.load(f)
+    channel = remote.Channel(to_tests_r, to_solution_w)
+    try:
+        hello = channel.recv()
+    except (EOFError, ValueError):
+        hello = None
+    if hello != {'ready': True}:
+        raise RuntimeError('the solution process failed before running the code')
+    control.write('ready\n')
+    control.flush()
+    _last_steps(spec)
+    client = remote.SolutionClient(channel)
+    nonce = tests['nonce']
+    try:
+        calls = remote.run_tests(client, tests['program'], tests['prelude'],
+                                 tests['entry_point'], tests['names'])
+    except remote.UnsupportedTest as exc:
+        control.write(f'unsupported {nonce} {json.dumps(str(exc))}\n')
+        control.flush()
+        os._exit(3)
+    if calls == 0:
+        raise AssertionError('the tests never called the solution')
+    control.write(f'asserts-ok {nonce} {calls}\n')
+    control.flush()
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     _set_limit(resource.RLIMIT_CORE, 0)
@@ -457,31 +496,23 @@ def main() -> None:
     # ignores SIGXCPU but not the kernel's SIGKILL).
     _set_limit(resource.RLIMIT_CPU, spec['cpu_s'], spec['cpu_s'] + 1)
     join_cgroups(spec.get('cgroup_fds', []))
-    with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
-        source = f.read()
-    if spec['mode'] == 'asserts':  # the parent's nonce, then the tests, then the solution
-        nonce, tests_size, source = source.split('\n', 2)
-        tests, source = source[:int(tests_size)], source[int(tests_size):]
     control = os.fdopen(spec['control_fd'], 'w', encoding='utf-8')
     if spec.get('landlock') is not None:
         apply_landlock(**spec['landlock'])
+    if spec['mode'] == 'asserts':
+        run_assert_tests(spec, control)
+        return
+    with os.fdopen(spec['code_fd'], encoding='utf-8') as f:
+        source = f.read()
     if spec.get('drop_to') is not None:
         uid, gid = spec['drop_to']
         drop_privileges(uid, gid, spec.get('own', []))
-    # ctypes was needed for the syscalls; forget it so that a later `import ctypes`
-    # by the code is a real import (and meets the guard's import check where one is)
-    for name in ('ctypes', 'ctypes._endian', '_ctypes'):
-        sys.modules.pop(name, None)
-    _set_limit(resource.RLIMIT_AS, spec['memory_bytes'])
-    sys.path.extend(spec.get('site_dirs', []))
-    builtins.exit = builtins.quit = _exit
+    if spec.get('seccomp'):
+        seccomp.apply_filter()
+    _last_steps(spec)
     control.write('ready\n')  # tells the parent that failures from here on are the solution's
     control.flush()
     _install_guard(spec['block_network'], spec['block_processes'], spec.get('fs_guard'))
-    if spec['mode'] == 'asserts':
-        write, fd = os.write, control.fileno()
-        run_asserts(source, tests, lambda n: write(fd, f'asserts-ok {nonce} {n}\n'.encode()))
-        return
     code = compile(source, 'solution.py', 'exec')  # a SyntaxError fails the run
     if spec['mode'] == 'stdin':
         sys.argv = ['solution.py']

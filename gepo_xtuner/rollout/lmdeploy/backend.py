@@ -3,7 +3,7 @@
 import glob
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,30 @@ def _world_size() -> int:
 def _barrier() -> None:
     if _world_size() > 1:
         dist.barrier()
+
+
+def _on_rank0(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on global rank 0 only, its result on every rank; every rank calls this.
+
+    Where only rank 0 talks to the servers, an error there must reach the other ranks:
+    they would otherwise wait forever in the next collective. So an exception on rank 0
+    is raised there as it is, and on every other rank as an :class:`LMDeployServerError`
+    with the same message.
+    """
+    outcome, error = None, None
+    if _rank() == 0:
+        try:
+            outcome = ('ok', fn())
+        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+            error = e
+            outcome = ('error', str(e) if isinstance(e, LMDeployServerError)
+                       else f'{type(e).__name__}: {e}')
+    outcome = _broadcast(outcome)
+    if error is not None:
+        raise error
+    if outcome[0] == 'error':
+        raise LMDeployServerError(outcome[1])
+    return outcome[1]
 
 
 @ROLLOUT_BACKENDS.register_module()
@@ -233,20 +257,10 @@ class LMDeployRolloutBackend(RolloutBackend):
             if self.server.port == 0 and _world_size() > 1:
                 raise ValueError('launch.port=0 (any free port) works in one process only; set '
                                  'a fixed launch.port for multi-process training')
-            if _rank() == 0:
-                self.server.start()
-            _barrier()
+            _on_rank0(self.server.start)
         urls = [self.server.url] if self.server is not None else self.server_urls
         if self.address_files:
-            found = None
-            if _rank() == 0:
-                try:
-                    found = self._read_address_files()
-                except LMDeployServerError as e:  # raised on every rank, not only here
-                    found = str(e)
-            urls = _broadcast(found)
-            if isinstance(urls, str):
-                raise LMDeployServerError(urls)
+            urls = _on_rank0(self._read_address_files)
             if not urls:
                 raise LMDeployServerError(
                     f'no LMDeploy server address in {self.address_files}: start servers with '
@@ -358,9 +372,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         """
         self._ensure_server()
         if self.sleep_wake:
-            if _rank() == 0 and self._asleep:
-                self._wake()
-            _barrier()
+            _on_rank0(lambda: self._wake() if self._asleep else None)
         if not self._warned_stops and set(params.stop_token_ids) - self._server_stops:
             self._warned_stops = True
             print_log(f'LMDeploy: stop_token_ids {sorted(params.stop_token_ids)} go beyond the '
@@ -382,8 +394,7 @@ class LMDeployRolloutBackend(RolloutBackend):
             raise LMDeployServerError(f'LMDeploy server {self.url}, POST /generate: {e}') from e
         if self.sleep_wake:
             _barrier()  # the server drops running requests when it goes to sleep
-            if _rank() == 0:
-                self._sleep()
+            _on_rank0(self._sleep)
         return group_samples(flat, params.n)
 
     def _explain(self, e: ServerRequestError) -> str:
@@ -469,17 +480,16 @@ class LMDeployRolloutBackend(RolloutBackend):
         self._ensure_server()
         pool = self._pool
         version = pool.version + 1
-        report = None
-        if _rank() == 0:
+
+        def push() -> dict:
             if mode == 'nccl':
-                report = self._push_all(model, version)
-            else:
-                try:
-                    self._push(model, mode)
-                except ServerRequestError as e:
-                    raise LMDeployServerError(self._explain(e)) from e
-                report = {'urls': pool.urls, 'synced': {0: version}, 'out': {}}
-        report = _broadcast(report)
+                return self._push_all(model, version)
+            try:
+                self._push(model, mode)
+            except ServerRequestError as e:
+                raise LMDeployServerError(self._explain(e)) from e
+            return {'urls': pool.urls, 'synced': {0: version}, 'out': {}}
+        report = _on_rank0(push)
         for url in report['urls'][len(pool.servers):]:
             pool.add(url)
         pool.version = version

