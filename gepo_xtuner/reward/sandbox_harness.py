@@ -481,6 +481,26 @@ def run_assert_tests(spec: dict, control) -> None:
         raise AssertionError('the tests never called the solution')
     control.write(f'asserts-ok {nonce} {calls}\n')
     control.flush()
+    _let_solution_finish(pid, channel, to_solution_w)
+
+
+def _let_solution_finish(pid: int, channel: 'remote.Channel', write_fd: int,
+                         wait_s: float = 1.0) -> None:
+    """Closes the pipe, so the solution process ends, and waits for it a moment: the end
+    of this process ends the sandbox (its PID namespace), and a solution process killed
+    with it would lose what it printed (stderr and stdout, kept for diagnosis; the verdict
+    is already written)."""
+    import time  # noqa: PLC0415
+    os.close(write_fd)
+    channel.close()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.002)
 
 
 def main() -> None:

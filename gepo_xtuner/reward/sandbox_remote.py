@@ -77,6 +77,10 @@ class Channel:
         while view:
             view = view[os.write(self._out, view):]
 
+    def close(self) -> None:
+        """Closes the reading end (the writing descriptor is the caller's)."""
+        self._in.close()
+
     def recv(self) -> dict:
         """The next message.
 
