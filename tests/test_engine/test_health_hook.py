@@ -228,9 +228,10 @@ def test_a_kl_pull_towards_a_uniform_reference_raises_entropy_runaway(
     tokens (about 4.0 nats of ln 55 = 4.007). Against a uniform reference,
     ``KL(pi || ref) = ln V - H(pi)``: the penalty is an entropy bonus, weighted
     ``kl_coef=1.0``, and the brevity reward, which the collapsed policy always earns,
-    gives no signal at first to hold it back. At learning rate 5e-4 entropy climbs from about
-    0.1-0.2 nats over the first steps to above 1 (add, copy), and ``entropy_runaway``
-    is raised once the mean of a domain's last 3 values exceeds 3x that of its first 5.
+    gives no signal at first to hold it back. At learning rate 5e-4 the group entropy of
+    ``add`` and ``copy`` climbs from start levels of about 0.2-0.4 nats to above 1, and
+    ``entropy_runaway`` is raised once the mean of a domain's last 3 values exceeds 3x
+    that of its first 5.
     """
     start = collapse_run[0] / 'iter_10.pth'
     proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, *SHARP_START,
@@ -255,7 +256,7 @@ def test_a_kl_pull_towards_a_uniform_reference_raises_entropy_runaway(
 def test_entropy_far_above_a_lagging_band_raises_gepo_saturated(
         tiny_dir, tmp_path, collapse_run, brevity_run):
     """The KL pull of the runaway test at learning rate 3e-3 with K=8 responses per
-    prompt: entropy jumps from about 0.2 to 3 nats within three steps while GEPO's band,
+    prompt: entropy jumps from about 0.2 to 3 nats within two steps while GEPO's band,
     an EMA at gamma=0.01 anchored at the collapsed policy's entropy, stays below 0.6, so
     every group is above the band and has its negative advantages damped. The brevity
     reward fails all but one of most groups' eight (now long and random) answers, so
