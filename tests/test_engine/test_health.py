@@ -83,6 +83,20 @@ def test_gepo_silent_names_the_side_and_saturated_counts_signal_responses():
     assert first_step(GEPOBandActivity(silent_steps=4), no_band) is None
 
 
+def test_gepo_saturated_defaults_one_sign_per_group_and_steps_without_signal():
+    # K=8, every group with signal above the band with one winner: 7/8 of those damped
+    above = band_row(0.0, 0.4375, zero=0.5)
+    rows = [above] * 3 + [band_row(0.0, 0.0, zero=1.0)] + [above] * 3
+    check = GEPOBandActivity()
+    found = [[f.alarm for f in check.observe(step, row)] for step, row in enumerate(rows, 1)]
+    # the step without signal counts for nothing and keeps the alarm, once it holds
+    assert found == [[]] * 5 + [['gepo_saturated']] * 2
+    (f, ) = check.observe(8, band_row(0.0, 0.0, zero=1.0))
+    assert f.alarm == 'gepo_saturated' and 'no signal at this step; before it at least 70%' in f.message
+    # the highest share of a 150-step run of configs/gepo_tiny_cpu.py (0.695), all along
+    assert first_step(GEPOBandActivity(), [band_row(0.2, 0.1475, zero=0.5)] * 30) is None
+
+
 @pytest.mark.parametrize('cls,key,bound', [(LogprobMismatch, 'rollout/logprob_abs_diff', 0.1),
                                            (ClipFraction, 'loss/clipfrac', 0.2)])
 def test_bounds_need_patience_steps_in_a_row(cls, key, bound):

@@ -11,7 +11,12 @@ backend whose weights are never updated raises ``rollout_mismatch``; pushed weig
 Validation that pays for the opposite of what training pays for raises
 ``reward_without_val``; validation scored like training does not. A policy driven to
 determinism raises ``entropy_collapse``; a tight clip with two epochs per batch raises
-``clip_saturated``.
+``clip_saturated``. Started from that deterministic policy with a KL penalty to the
+untrained, nearly uniform initial model (an entropy bonus), entropy climbs and raises
+``entropy_runaway``; when it jumps within a few steps, every group lies above GEPO's slowly
+following band with most of its answers failing, and ``gepo_saturated`` is raised. The
+brevity run raises neither. Every alarm is checked against fresh checks replayed over the
+run's logged rows (``replay``).
 """
 
 import json
@@ -166,13 +171,24 @@ def test_validation_scored_differently_from_training_raises_reward_without_val(
     assert 'reward_without_val' not in [a for _, a, _, _ in events(output)]
 
 
-def test_a_policy_driven_to_determinism_raises_entropy_collapse(tiny_dir, tmp_path):
-    """Learning rate 0.01 without KL: the brevity reward makes the policy deterministic
-    (group entropy from about 4 nats to below 0.02 in under 10 steps)."""
-    proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, 'train_cfg.val=None',
+@pytest.fixture(scope='module')
+def collapse_run(tiny_dir, tmp_path_factory):
+    """Learning rate 0.01 without KL: the brevity reward makes the policy deterministic.
+
+    Its last checkpoint (``iter_10.pth``) is the sharpened starting point of the
+    entropy-runaway and GEPO-saturation runs.
+    """
+    tmp = tmp_path_factory.mktemp('collapse')
+    proc = train(config(tmp), tmp / 'run', tiny_dir, *FAST_RL, 'train_cfg.val=None',
                  'optim_wrapper.optimizer.lr=0.01', 'model.kl_coef=0.0')
-    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
-    raised = events(proc.stdout + proc.stderr)
+    return tmp / 'run', proc.stdout + proc.stderr
+
+
+def test_a_policy_driven_to_determinism_raises_entropy_collapse(collapse_run):
+    """Group entropy from about 4 nats to below 0.02 in under 10 steps."""
+    work, output = collapse_run
+    history = json.loads((work / 'training_curves.json').read_text())
+    raised = events(output)
     assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
     hits = [(s, d, m) for s, a, d, m in raised if a == 'entropy_collapse']
     assert hits, raised
@@ -197,3 +213,81 @@ def test_a_tight_clip_with_two_epochs_per_batch_raises_clip_saturated(
     # without the cause (one epoch, the config's CISPO bounds 1 / 4) nothing is clipped
     work, output = brevity_run
     assert 'clip_saturated' not in [a for _, a, _, _ in events(output)]
+
+
+#: The runaway and saturation runs (from ``collapse_run``'s weights): a strong KL penalty to
+#: the untrained model, no validation
+SHARP_START = ['train_cfg.val=None', 'model.kl_coef=1.0']
+
+
+def test_a_kl_pull_towards_a_uniform_reference_raises_entropy_runaway(
+        tiny_dir, tmp_path, collapse_run, brevity_run):
+    """The policy starts from the collapsed run's weights (``load_from``), nearly
+    deterministic, while the KL reference is still the untrained initial model
+    (``model.pretrained``), whose next-token distribution is nearly uniform over the 55
+    tokens (about 4.0 nats of ln 55 = 4.007). Against a uniform reference,
+    ``KL(pi || ref) = ln V - H(pi)``: the penalty is an entropy bonus, weighted
+    ``kl_coef=1.0``, and the brevity reward, which the collapsed policy always earns,
+    gives no signal at first to hold it back. At learning rate 5e-4 the group entropy of
+    ``add`` and ``copy`` climbs from start levels of about 0.2-0.4 nats to above 1, and
+    ``entropy_runaway`` is raised once the mean of a domain's last 3 values exceeds 3x
+    that of its first 5.
+    """
+    start = collapse_run[0] / 'iter_10.pth'
+    proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, *SHARP_START,
+                 f'load_from={start}', 'optim_wrapper.optimizer.lr=0.0005')
+    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
+    raised = events(proc.stdout + proc.stderr)
+    assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
+    hits = [(s, d, m) for s, a, d, m in raised if a == 'entropy_runaway']
+    assert hits, raised
+    step, domain, message = hits[0]
+    key = re.match(r'(entropy/\w+/\w+) ', message).group(1)
+    values = [r[key] for r in history if key in r and r['step'] <= step]
+    start_level, now = sum(values[:5]) / 5, sum(values[-3:]) / 3
+    assert start_level < 0.5 and now > 3 * start_level and now - start_level >= 0.1
+    assert 'entropy_collapse' not in [a for _, a, _, _ in raised]
+    # without the cause neither the brevity run nor the run that collapsed the policy
+    # raises it
+    for _, output in (brevity_run, collapse_run):
+        assert 'entropy_runaway' not in [a for _, a, _, _ in events(output)]
+
+
+def test_entropy_far_above_a_lagging_band_raises_gepo_saturated(
+        tiny_dir, tmp_path, collapse_run, brevity_run):
+    """The KL pull of the runaway test at learning rate 3e-3 with K=8 responses per
+    prompt: entropy jumps from about 0.2 to 3 nats within two steps while GEPO's band,
+    an EMA at gamma=0.01 anchored at the collapsed policy's entropy, stays below 0.6, so
+    every group is above the band and has its negative advantages damped. The brevity
+    reward fails all but one of most groups' eight (now long and random) answers, so
+    about 80-90 % of the responses with signal are damped, above the default 0.7 on
+    5 steps in a row (K=8: a group holds both signs, so 7/8 is the most possible).
+    """
+    start = collapse_run[0] / 'iter_10.pth'
+    proc = train(config(tmp_path), tmp_path / 'run', tiny_dir, *FAST_RL, *SHARP_START,
+                 f'load_from={start}', 'optim_wrapper.optimizer.lr=0.003',
+                 'train_cfg.num_responses=8', 'train_cfg.minibatch_responses_per_rank=16')
+    history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
+    raised = events(proc.stdout + proc.stderr)
+    assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
+    hits = [(s, m) for s, a, _, m in raised if a == 'gepo_saturated']
+    assert len(hits) == 1, raised  # held through steps without signal, not raised again
+    step, message = hits[0]
+    check = build_checks({})['gepo']
+    # the steps GEPOBandActivity judges: a band and some signal; the damped share of those
+    judged = [(int(r['step']), (r['shaping/frac_damped_pos'] + r['shaping/frac_damped_neg'])
+               / (1 - r['adv/frac_zero']), r) for r in history
+              if 'gepo/h_low' in r and r['step'] >= 1 and r['adv/frac_zero'] < 1]
+    n = check.saturated_steps
+    expected = next(i for i in range(n - 1, len(judged)) if all(
+        share >= check.saturated_share for _, share, _ in judged[i - n + 1:i + 1]))
+    assert step == judged[expected][0]
+    for _, _, row in judged[expected - n + 1:expected + 1]:  # all damped above the band
+        assert row['shaping/frac_damped_pos'] == 0
+        assert row['entropy/group_nll_mean'] > row['gepo/h_high']
+    assert 'of the responses with signal damped' in message and 'band [' in message
+    assert next(r for r in history if r['step'] == step)['health/gepo_saturated'] == 1
+    # without the cause nothing saturates: the brevity run (entropy falling below the band,
+    # about half of the responses with signal winners), nor the run that collapsed the policy
+    for _, output in (brevity_run, collapse_run):
+        assert 'gepo_saturated' not in [a for _, a, _, _ in events(output)]
