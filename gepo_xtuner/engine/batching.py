@@ -89,11 +89,17 @@ class Rollouts:
         records: the step's B prompt records (this rank's).
         samples: ``samples[b]`` are the K responses to ``records[b]``.
         batch: the N = B * K responses as padded tensors (:func:`build_response_batch`).
+        version: the weight version every response was sampled with (RL steps whose
+            update the rollout engine held); the step index minus it is the staleness.
+        seconds: wall time of the generation when it ran apart from the step (generated
+            ahead, ``train_cfg.max_staleness``); None: the step's rollout stage.
     """
 
     records: list[dict]
     samples: list[list[RolloutSample]]
     batch: ResponseBatch
+    version: int = 0
+    seconds: float | None = None
 
     @property
     def row_records(self) -> list[dict]:
