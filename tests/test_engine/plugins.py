@@ -34,6 +34,15 @@ class ShortAnswerReward:
 
 
 @REWARDS.register_module()
+class DigitShareReward:
+    """The share of the completion's characters that are digits: any two random responses
+    of the tiny policy score differently, so every group carries signal at every step."""
+
+    def __call__(self, completion: str, record: dict) -> float:
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+@REWARDS.register_module()
 class FlakyReward(ShortAnswerReward):
     """Raises on records whose id is listed (a verifier bug), scores the rest."""
 

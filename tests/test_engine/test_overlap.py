@@ -26,6 +26,7 @@ from .plugins import weights_fingerprint
 STEPS = 4
 OVERLAP = ['train_cfg.max_staleness=1', f'train_cfg.max_steps={STEPS}',
            'train_cfg.rollout.type=RecordingRolloutBackend',
+           'train_cfg.rewards.default.type=DigitShareReward',  # signal in every group
            'default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=-1']
 
 
@@ -82,8 +83,8 @@ def test_each_batch_comes_from_one_version_one_step_old(overlapped, tiny_dir):
         assert row['thread'] == ('MainThread' if t == 1 else f'rollout-ahead-{t - 1}')
     logged = scalars(work)
     assert [logged[t]['rollout/staleness'] for t in range(1, STEPS + 1)] == [0, 1, 1, 1]
-    assert all(logged[t]['rollout/staleness_max'] <= 1 for t in logged)
-    assert all(logged[t]['time/rollout_generate'] > 0 for t in logged)
+    assert all(logged[t]['rollout/staleness_max'] <= 1 for t in range(1, STEPS + 1))
+    assert all(logged[t]['time/rollout_generate'] > 0 for t in range(1, STEPS + 1))
     # the behaviour weight corrects the stale steps (truncated at 2 by default)
     assert all(0 < logged[t]['offpolicy/weight_mean'] for t in range(2, STEPS + 1))
     # the trainer's recomputed logprobs differ from the sampling policy's once stale
@@ -151,7 +152,8 @@ def test_without_staleness_every_batch_is_generated_now_on_the_main_thread(
     monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(log))
     work = tmp_path / 'run'
     train(write_config(tmp_path), work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val=None',
-          'train_cfg.rollout.type=RecordingRolloutBackend', 'default_hooks.checkpoint.interval=1')
+          'train_cfg.rollout.type=RecordingRolloutBackend', 'default_hooks.checkpoint.interval=1',
+          'train_cfg.rewards.default.type=DigitShareReward')
     rows = [json.loads(line) for line in open(f'{log}.0')]
     assert [(r['thread'], r['seeded']) for r in rows] == [('MainThread', False)] * 2
     versions = fingerprints(work, tiny_dir, 2)
