@@ -66,7 +66,7 @@ def pinned(cores: str | None) -> list[str]:
 
 
 def run(name: str, tiny: Path, work: Path, options: list[str], *, threads: int,
-        cores: str | None = None) -> list[float]:
+        cores: str | None = None, config: Path | None = None) -> list[float]:
     """One ``xtuner train`` run; its ``time/step`` of every step but the first."""
     import json
     out = work / name
@@ -74,7 +74,8 @@ def run(name: str, tiny: Path, work: Path, options: list[str], *, threads: int,
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), OMP_NUM_THREADS=str(threads),
                PYTHONPATH=str(ROOT))
     cmd = pinned(cores) + [sys.executable, '-m', 'xtuner.tools.train',
-                           str(ROOT / 'configs' / 'gepo_tiny_cpu.py'), '--work-dir', str(out),
+                           str(config or ROOT / 'configs' / 'gepo_tiny_cpu.py'),
+                           '--work-dir', str(out),
                            '--cfg-options', 'train_cfg.val=None',
                            'default_hooks.checkpoint.interval=100000', *options]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -130,19 +131,21 @@ def bench_lmdeploy(tiny: Path, work: Path, steps: int, rounds: int, batch: int,
             if server.poll() is not None or time.time() > deadline:
                 raise SystemExit(f'the server did not start: {(work / "server.log").read_text()}')
             time.sleep(1)
-        rollout = (f"train_cfg.rollout=dict(type='LMDeployRolloutBackend', "
-                   f"server_url='http://127.0.0.1:{port}', timeout_s=600, max_retries=0, "
-                   f"weight_sync=dict(mode='nccl', backend='gloo', timeout_s=600))")
+        config = work / 'lmdeploy_cfg.py'
+        config.write_text(
+            f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+            "train_cfg = dict(rollout=dict(_delete_=True, type='LMDeployRolloutBackend', "
+            f"server_url='http://127.0.0.1:{port}', timeout_s=600, max_retries=0, "
+            "weight_sync=dict(mode='nccl', backend='gloo', timeout_s=600)))\n")
         common = [f'train_cfg.max_steps={steps + 1}', f'train_dataloader.batch_size={batch}',
                   f'train_cfg.sampling.max_new_tokens={new_tokens}',
                   f'train_cfg.minibatch_responses_per_rank={batch * 8}']
         times: dict[str, list[float]] = {'sync': [], 'async': []}
         for _ in range(rounds):
             for name, s in (('sync', 0), ('async', 1)):
-                # the --cfg-options parser takes a dict literal as one value
                 times[name] += run(f'lmdeploy_{name}', tiny, work,
-                                   common + [f'train_cfg.max_staleness={s}', rollout],
-                                   threads=1, cores='1')
+                                   common + [f'train_cfg.max_staleness={s}'],
+                                   threads=1, cores='1', config=config)
         report(times, 'sync', 'async', 'lmdeploy')
     finally:
         server.terminate()

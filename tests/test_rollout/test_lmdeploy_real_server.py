@@ -456,7 +456,7 @@ def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_pa
     assert [logged[t]['rollout/staleness'] for t in (1, 2, 3)] == [0, 1, 1]
     assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
     assert min(logged[t]['rollout/logprob_abs_diff'] for t in (2, 3)) > 1e-4
-    # assert all('offpolicy/weight_mean' in logged[t] for t in (2, 3))  # TEMP
+    assert all('offpolicy/weight_mean' in logged[t] for t in (2, 3))
     # 3 batches of B x K = 16 requests, 3 pushes, never one while a request runs
     assert events.count('start') == 48 and events.count('push') >= 3
     running = 0
