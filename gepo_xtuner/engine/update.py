@@ -179,7 +179,9 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     (``pi_prox``) give each token its weight ``w = pi_prox / mu``
     (:class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`): ``'truncate'`` passes
     ``min(w, C)`` to the loss, ``'mask'`` counts only the tokens with ``w`` in
-    ``[1/C, C]``, in the loss and in the minibatch's token / response totals. Every rank takes the same number of steps per pass:
+    ``[1/C, C]``, in the loss and in the minibatch's token / response totals.
+
+    Every rank takes the same number of steps per pass:
     ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any rank
     and ``kept_rows='full_minibatches'``, that of
     :func:`~gepo_xtuner.engine.batching.kept_minibatches` (fewer steps of full size;
