@@ -100,6 +100,27 @@ def test_each_batch_comes_from_one_version_one_step_old(overlapped, tiny_dir):
         'gepo_xtuner/rl_loop']['ranks'][0]['rollout_ahead'] is None  # nothing left to make
 
 
+def test_the_band_reads_the_logprobs_the_config_names(overlapped, tiny_dir, tmp_path,
+                                                      monkeypatch):
+    """GEPO's batch statistics (``gepo/group_nll_mu``) come from the recomputed old
+    logprobs by default and, with ``entropy_logprobs='behaviour'``, from the rollout's.
+    Both runs sample the same batches from the same weights (step 2's from the starting
+    weights): at step 1 the two sources agree up to float noise; at step 2 the default
+    reads the weights after step 1, the behaviour setting the weights that sampled."""
+    work, _ = overlapped
+    proximal = scalars(work)
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(tmp_path / 'generate.log'))
+    train(write_config(tmp_path), tmp_path / 'run', tiny_dir, *OVERLAP, 'train_cfg.max_steps=3',
+          'train_cfg.entropy_logprobs=behaviour')
+    behaviour = scalars(tmp_path / 'run')
+    gap = [abs(behaviour[t]['gepo/group_nll_mu'] - proximal[t]['gepo/group_nll_mu'])
+           for t in (1, 2)]
+    assert gap[0] < 1e-5 < 1e-4 < gap[1], gap
+    # the rollout's logprobs of step 2's batch are those of the starting weights
+    assert abs(behaviour[2]['rollout/logprob_abs_diff']
+               - proximal[2]['rollout/logprob_abs_diff']) < 1e-5
+
+
 def test_resumed_at_every_step_equals_the_straight_run(overlapped, tiny_dir, tmp_path,
                                                        monkeypatch):
     work, _ = overlapped
