@@ -138,6 +138,43 @@ def test_resumed_at_every_step_equals_the_straight_run(overlapped, tiny_dir, tmp
         assert all(torch.equal(last[n], final[n]) for n in final), k
 
 
+def test_a_kill_during_an_overlapped_step_loses_only_the_steps_in_flight(
+        overlapped, tiny_dir, tmp_path, monkeypatch):
+    """SIGKILL while a step trains and the next batch is generated: the last checkpoint
+    loads, and the run resumed from it equals the straight run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .conftest import FAST, ROOT
+    work, _ = overlapped
+    expected = scalars(work)
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(tmp_path / 'generate.log'))
+    cfg, killed = write_config(tmp_path), tmp_path / 'killed'
+    env = dict(os.environ, GEPO_TINY_DIR=str(tiny_dir), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, '-m', 'xtuner.tools.train', str(cfg), '--work-dir',
+                             str(killed), '--cfg-options', *FAST, *OVERLAP],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while not (killed / 'iter_2.pth').exists():  # step 3 trains, step 4 is generated
+        assert proc.poll() is None and time.monotonic() < deadline, 'no checkpoint of step 2'
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    last = max(int(p.stem.split('_')[1]) for p in killed.glob('iter_*.pth'))
+    assert last < STEPS, 'the run ended before the kill: nothing was in flight'
+    train(cfg, killed, tiny_dir, *OVERLAP, '--resume', str(killed / f'iter_{last}.pth'))
+    got = scalars(killed)
+    for step in range(last + 1, STEPS + 1):
+        assert learning(got[step]) == learning(expected[step]), (last, step)
+    final = weights(work / f'iter_{STEPS}.pth')
+    resumed = weights(killed / f'iter_{STEPS}.pth')
+    assert all(torch.equal(resumed[n], final[n]) for n in final)
+
+
 def test_two_ranks_resumed_at_every_step_equal_the_straight_run(tiny_dir, tmp_path,
                                                                 monkeypatch):
     """Each rank generates ahead with its own seed and checkpoints its own batch."""
