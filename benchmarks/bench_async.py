@@ -12,8 +12,10 @@ Setups (``--setup``):
 * ``lmdeploy``: LMDeploy's own ``api_server`` (its code as shipped, with the CPU
   stand-in for its PyTorch engine, ``tests/test_rollout/lmdeploy_cpu_engine.py``) in a
   process pinned to core 0, the trainer pinned to core 1, one thread each; weights
-  pushed over LMDeploy's weight-update-group protocol (gloo). The workload is sized so
-  that generation and the update take about the same time.
+  pushed over LMDeploy's weight-update-group protocol (gloo). The workload (16 prompts x
+  8 responses of at most 20 tokens, 6 passes of one optimizer step over each batch) is
+  sized so that generation and the update take about the same time; each run prints its
+  median stage times to show it.
 * ``hf``: the in-process backend on the demo workload (``configs/gepo_tiny_cpu.py``:
   64 prompts x 8 responses, 20 new tokens at most). The synchronous loop at one thread,
   the synchronous loop at two threads (all the machine, in turn) and the overlapped loop
@@ -81,13 +83,18 @@ def run(name: str, tiny: Path, work: Path, options: list[str], *, threads: int,
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode:
         raise SystemExit(f'{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}')
-    steps: dict[int, float] = {}
+    rows: dict[int, dict] = {}
     for path in out.glob('*/vis_data/scalars.json'):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if 'time/step' in row:
-                steps[row['step']] = row['time/step']
-    return [steps[s] for s in sorted(steps)[1:]]
+                rows[row['step']] = row
+    timed = [rows[s] for s in sorted(rows)[1:]]
+    stages = {k.removeprefix('time/'): statistics.median(r.get(k, 0.0) for r in timed)
+              for k in sorted({k for r in timed for k in r if k.startswith('time/')})}
+    print(f'  {name}: median stage seconds ' + ', '.join(f'{k} {v:.3f}'
+                                                        for k, v in stages.items()))
+    return [r['time/step'] for r in timed]
 
 
 def report(times: dict[str, list[float]], sync: str, overlapped: str, what: str) -> None:
@@ -113,7 +120,7 @@ def bench_hf(tiny: Path, work: Path, steps: int, rounds: int) -> None:
 
 
 def bench_lmdeploy(tiny: Path, work: Path, steps: int, rounds: int, batch: int,
-                   new_tokens: int) -> None:
+                   new_tokens: int, epochs: int) -> None:
     port = free_port()
     log = open(work / 'server.log', 'w')
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1')
@@ -139,7 +146,8 @@ def bench_lmdeploy(tiny: Path, work: Path, steps: int, rounds: int, batch: int,
             "weight_sync=dict(mode='nccl', backend='gloo', timeout_s=600)))\n")
         common = [f'train_cfg.max_steps={steps + 1}', f'train_dataloader.batch_size={batch}',
                   f'train_cfg.sampling.max_new_tokens={new_tokens}',
-                  f'train_cfg.minibatch_responses_per_rank={batch * 8}']
+                  f'train_cfg.minibatch_responses_per_rank={batch * 8}',
+                  f'train_cfg.ppo_epochs={epochs}']
         times: dict[str, list[float]] = {'sync': [], 'async': []}
         for _ in range(rounds):
             for name, s in (('sync', 0), ('async', 1)):
@@ -161,6 +169,8 @@ def main() -> None:
     p.add_argument('--tiny-dir', help='default: $GEPO_TINY_DIR or work_dirs/tiny_cpu')
     p.add_argument('--lmdeploy-prompts', type=int, default=16, help='B of the lmdeploy setup')
     p.add_argument('--lmdeploy-new-tokens', type=int, default=20)
+    p.add_argument('--lmdeploy-epochs', type=int, default=6,
+                   help='ppo_epochs of the lmdeploy setup: sizes the update to the generation')
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix='bench_async_'))
     tiny = tiny_dir(a.tiny_dir, work)
@@ -170,7 +180,8 @@ def main() -> None:
           f'{a.rounds} rounds x {a.steps} timed steps per variant')
     start = time.time()
     if 'lmdeploy' in a.setup:
-        bench_lmdeploy(tiny, work, a.steps, a.rounds, a.lmdeploy_prompts, a.lmdeploy_new_tokens)
+        bench_lmdeploy(tiny, work, a.steps, a.rounds, a.lmdeploy_prompts, a.lmdeploy_new_tokens,
+                       a.lmdeploy_epochs)
     if 'hf' in a.setup:
         bench_hf(tiny, work, a.steps, a.rounds)
     print(f'total wall time {time.time() - start:.0f}s; load average '
