@@ -419,6 +419,16 @@ class Checker:
         rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:
             self.rows['rollout'] = describe(loop.rollout)
+            staleness = loop.get('max_staleness', 0)
+            if staleness not in (0, 1):
+                self.problem('train_cfg.max_staleness', f'must be 0 or 1, got {staleness!r}')
+            elif staleness:  # the loop's own question to the backend
+                refusal = rollout.overlap_refusal()
+                if refusal is not None:
+                    self.problem('train_cfg.max_staleness',
+                                 f'{staleness} needs a rollout backend that generates while '
+                                 f'the trainer updates: {refusal}')
+                self.rows['rollout'] += f'; generation one batch ahead (max_staleness {staleness})'
             rollout.close()
             self.check_sync_address(loop.rollout)
         from gepo_xtuner.registry import REWARDS

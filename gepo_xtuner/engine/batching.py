@@ -89,11 +89,17 @@ class Rollouts:
         records: the step's B prompt records (this rank's).
         samples: ``samples[b]`` are the K responses to ``records[b]``.
         batch: the N = B * K responses as padded tensors (:func:`build_response_batch`).
+        version: the weight version every response was sampled with (RL steps whose
+            update the rollout engine held); the step index minus it is the staleness.
+        seconds: wall time of the generation when it ran apart from the step (generated
+            ahead, ``train_cfg.max_staleness``); None: the step's rollout stage.
     """
 
     records: list[dict]
     samples: list[list[RolloutSample]]
     batch: ResponseBatch
+    version: int = 0
+    seconds: float | None = None
 
     @property
     def row_records(self) -> list[dict]:
@@ -294,23 +300,34 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
 
 def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Tensor,
                 advantages: torch.Tensor, totals: torch.Tensor, *, temperature: float,
-                norm_length: float | None) -> LossInputs:
+                norm_length: float | None, behaviour_weights: torch.Tensor | None = None,
+                loss_mask: torch.Tensor | None = None) -> LossInputs:
     """The policy's :class:`~gepo_xtuner.model.inputs.LossInputs` of one micro-batch.
 
     Args:
         batch: the step's responses; ``rows`` ``(m,)`` selects the micro-batch.
-        old_logprobs: ``(N, R)`` behaviour-policy logprobs of the batch.
+        old_logprobs: ``(N, R)`` old-policy logprobs of the batch (the proximal policy's,
+            recomputed by the trainer).
         advantages: ``(N,)``.
         totals: ``(2,)`` or more float64: valid tokens and non-empty responses of the
-            WHOLE minibatch over all ranks (the loss denominators), then anything else
-            the caller reduced with them (the update passes the minibatch's rows third).
+            WHOLE minibatch over all ranks (the loss denominators; counted on
+            ``loss_mask`` where given), then anything else the caller reduced with them
+            (the update passes the minibatch's rows third).
         temperature: the sampling temperature the responses were drawn at.
         norm_length: Dr.GRPO's constant length (``train_cfg.norm_length``).
+        behaviour_weights: ``(N, R)`` per-token loss weights ``min(pi_prox / mu, C)`` of
+            the batch (truncate correction), or None.
+        loss_mask: ``(N, R)`` bool, the tokens the loss counts (mask correction), or None
+            for every response token.
     """
     part = batch.rows(rows)
+    width = part.response_width
     return LossInputs(part.input_ids, part.attention_mask, part.response_mask,
-                      old_logprobs=old_logprobs[rows, :part.response_width],
+                      old_logprobs=old_logprobs[rows, :width],
                       advantages=advantages[rows], num_tokens=totals[0].float(),
                       num_seqs=totals[1].float(), norm_length=norm_length,
                       temperature=temperature,
-                      mm_inputs=None if part.mm_inputs is None else part.multimodal_inputs())
+                      mm_inputs=None if part.mm_inputs is None else part.multimodal_inputs(),
+                      behaviour_weights=None if behaviour_weights is None
+                      else behaviour_weights[rows, :width],
+                      loss_mask=None if loss_mask is None else loss_mask[rows, :width])

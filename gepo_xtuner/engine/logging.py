@@ -12,7 +12,7 @@ SUMMARY = (('reward', ('reward/mean',)), ('val', ('val/acc',)),
            ('H_nll', ('entropy/group_nll_mean',)), ('band', BAND_KEYS),
            ('damped+/-', ('shaping/frac_damped_pos', 'shaping/frac_damped_neg')),
            ('pg', ('loss/pg',)), ('grad_norm', ('optim/grad_norm',)),
-           ('s/step', ('time/step',)))
+           ('stale', ('rollout/staleness',)), ('s/step', ('time/step',)))
 #: What mmengine's own hooks record at every iteration (kept in every step's scalars).
 #: Not its ``grad_norm``: that is the last minibatch's, the loop logs ``optim/grad_norm``.
 PER_ITER_KEYS = ('lr', 'time', 'data_time')

@@ -17,7 +17,7 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import AdvantageInputs, encode_domains
 from ..advantage.base import BAND_KEYS
-from ..ops.distributed import dist_world_size
+from ..ops.distributed import dist_rank, dist_world_size
 from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
@@ -27,6 +27,7 @@ from .geometry import StepGeometry, check_group_size
 from . import train_cfg
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
+from .overlap import RolloutAhead, ahead_seed
 from .prompt_encoding import check_policy_inputs, encode_request
 from .run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
                         restore_processor_state, resume_streams, run_settings, saved_rank_entry)
@@ -100,6 +101,21 @@ class RLTrainLoop(BaseLoop):
         prompts_per_step, minibatch_responses: the intended prompts per RL step and
             responses per optimizer step over ALL ranks; when set, a world size that
             does not split them evenly is refused (:class:`StepGeometry`).
+        max_staleness: 0 (default): generate, then train, strictly in turn. 1: generate
+            the next step's responses on a worker thread while this step is scored and
+            trained (:mod:`~gepo_xtuner.engine.overlap`); each batch is then one weight
+            version old (``rollout/staleness``). Needs a backend that can overlap
+            (not LMDeploy's colocated sleep/wake mode).
+        behaviour_correction, behaviour_cap: the importance weight between the
+            recomputed (proximal) old policy and the policy that sampled (behaviour):
+            ``'none'``, ``'truncate'`` (``min(w, cap)``) or ``'mask'`` (tokens with ``w``
+            outside ``[1/cap, cap]`` leave the loss); ``'auto'`` (default): ``'truncate'``
+            when ``max_staleness >= 1``, else ``'none'`` (weight exactly 1).
+        entropy_logprobs: which logprobs give a group's entropy to the advantage
+            processor (GEPO's band): ``'proximal'`` (default; the recomputed old
+            logprobs, the policy being shaped) or ``'behaviour'`` (the rollout engine's,
+            the policy that sampled). The same with ``max_staleness = 0`` up to the
+            engine/trainer mismatch; see ``docs/training.md``.
         **unknown: keys the loop does not take: refused by :meth:`check_keys`, with
             the key that replaced a renamed one, or the closest accepted key.
     """
@@ -112,16 +128,31 @@ class RLTrainLoop(BaseLoop):
                  val: dict | None = None, reward_route_by: str = 'domain',
                  prompts_per_step: int | None = None, minibatch_responses: int | None = None,
                  kept_rows: str = 'full_minibatches', norm_length: int | None = None,
+                 max_staleness: int = 0, behaviour_correction: str = 'auto',
+                 behaviour_cap: float = 2.0, entropy_logprobs: str = 'proximal',
                  **unknown: Any) -> None:
         self.check_keys(unknown)
         super().__init__(runner, dataloader)
         if min(max_steps, num_responses) < 1:
             raise ValueError('RLTrainLoop needs max_steps and num_responses >= 1, got '
                              f'{max_steps}, {num_responses}')
+        if max_staleness not in (0, 1):
+            raise ValueError(
+                f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
+                f'next batch while this one trains), got {max_staleness!r}: the loop runs '
+                'generation at most one batch ahead, since it pushes weights only between '
+                'generations')
+        if entropy_logprobs not in ('proximal', 'behaviour'):
+            raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
+                             f'got {entropy_logprobs!r}')
+        if behaviour_correction == 'auto':
+            behaviour_correction = 'truncate' if max_staleness else 'none'
+        self.max_staleness, self.entropy_logprobs = max_staleness, entropy_logprobs
         # checked now, completed with the sampling temperature and the length cap in run()
         self.update_settings = UpdateSettings(
             minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
-            logprob_max_tokens_per_micro_batch, kept_rows, norm_length=norm_length)
+            logprob_max_tokens_per_micro_batch, kept_rows, norm_length=norm_length,
+            behaviour_correction=behaviour_correction, behaviour_cap=behaviour_cap)
         check_accumulation(runner.optim_wrapper)
         self._max_iters = max_steps
         self._max_epochs = 1
@@ -142,6 +173,10 @@ class RLTrainLoop(BaseLoop):
         self.stop_training = False  # a hook may end the run early (mmengine's convention)
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
+        refusal = self.rollout.overlap_refusal() if max_staleness else None
+        if refusal is not None:
+            raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '
+                             f'generate while the trainer updates: {refusal}')
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
         check_training_sampling(SamplingParams(**{**self._sampling_cfg, 'stop_token_ids': ()}))
@@ -156,11 +191,13 @@ class RLTrainLoop(BaseLoop):
                                      minibatch_responses_per_rank=minibatch_responses_per_rank,
                                      ppo_epochs=ppo_epochs, world_size=dist_world_size(),
                                      max_steps=max_steps, advantage=advantage,
-                                     kept_rows=kept_rows)
+                                     kept_rows=kept_rows, max_staleness=max_staleness)
         self._rank_states: list[dict[str, Any]] | None = None  # every rank's, after a step
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
+        self._peeked: list[dict] | None = None  # the next step's records, drawn early
+        self.ahead = RolloutAhead(self.rollout) if max_staleness else None
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
@@ -206,6 +243,8 @@ class RLTrainLoop(BaseLoop):
                                            getattr(policy, 'processor', None)):
             print_log(warning, logger='current', level=logging.WARNING)
         self.rollout.attach(policy.llm, tokenizer)
+        if self.ahead is not None:
+            self.rollout.prepare_overlap()  # e.g. its own copy of the weights
         self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
         cfg = dict(self._sampling_cfg)
         cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
@@ -240,11 +279,22 @@ class RLTrainLoop(BaseLoop):
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
         while self._iter < self._max_iters and not self.stop_training:
-            self.run_iter(next(self.dataloader_iterator))
+            self.run_iter(self._draw())
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched
         return self.runner.model
+
+    def _draw(self) -> list[dict]:
+        """The next step's records (those :meth:`_peek` drew early, if it did)."""
+        records, self._peeked = self._peeked, None
+        return records if records is not None else next(self.dataloader_iterator)
+
+    def _peek(self) -> list[dict]:
+        """The records of the step after this one, without consuming them."""
+        if self._peeked is None:
+            self._peeked = next(self.dataloader_iterator)
+        return self._peeked
 
     def _record_sets(self) -> dict[str, list[dict]]:
         """The records the run reads, by where they are configured (checked at start)."""
@@ -281,8 +331,11 @@ class RLTrainLoop(BaseLoop):
 
     def _rank_state(self) -> dict[str, Any]:
         """This rank's part of the run state (see :meth:`state_dict`)."""
-        return dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
-                    rollout=self.rollout.state_dict())
+        state = dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
+                     rollout=self.rollout.state_dict())
+        if self.ahead is not None:  # the batch generated ahead (its weights are gone)
+            state['rollout_ahead'] = self.ahead.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
@@ -299,6 +352,8 @@ class RLTrainLoop(BaseLoop):
             self.policy.policy_loss.load_state_dict(entry['policy_loss'])
         if entry is not None and 'rollout' in entry:
             self.rollout.load_state_dict(entry['rollout'])
+        if self.ahead is not None and entry is not None:
+            self.ahead.load_state_dict(entry.get('rollout_ahead'))
         for line in ([warning] if warning else []) + [
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
@@ -325,20 +380,49 @@ class RLTrainLoop(BaseLoop):
                                       rollouts.batch, old_logprobs, adv.advantages, adv.keep,
                                       self.update_settings, prime_buckets=self._prime_buckets))
             self._prime_buckets = False
+        if self.ahead is not None:  # no request in flight during the push
+            with clock('rollout_ahead_wait'):
+                self.ahead.wait()
         with clock('sync'):
             self.rollout.update_weights(self.policy.llm)
         self.end_step(rollouts, metrics, clock.seconds)
 
     def generate(self, records: list[dict]) -> Rollouts:
-        """K responses to each record from the rollout backend, as padded tensors."""
+        """K responses to each record from the rollout backend, as padded tensors.
+
+        With ``max_staleness = 1``: the batch generated ahead for this step (or, at the
+        first step and after a resume without one, generated now), and the next step's
+        generation started on the worker thread.
+        """
         requests = self.encode_requests(records)
-        samples = self.rollout.generate(requests, self.sampling)
+        version, seconds = self._iter, None  # weights: one version per step
+        if self.ahead is None:
+            samples = self.rollout.generate(requests, self.sampling)
+        else:
+            pending = self.ahead.take(self._iter, [r['id'] for r in records])
+            if pending is None:  # the first step, or resumed without a batch ahead
+                start = time.perf_counter()
+                samples = self.rollout.generate(requests, self._seeded(self._iter))
+                seconds = time.perf_counter() - start
+            else:
+                samples, version, seconds = pending.samples, pending.version, pending.seconds
+            if self._iter + 1 < self._max_iters:
+                ahead = self._peek()
+                self.ahead.launch(self._iter + 1, self._iter, [r['id'] for r in ahead],
+                                  self.encode_requests(ahead), self._seeded(self._iter + 1))
+        for group in samples:
+            for sample in group:
+                sample.weight_version = version
         if self._placeholders:  # a VLM cannot score responses holding image slots
             samples = cut_at_tokens(samples, self._placeholders)
         mm = [r.mm_inputs or {} for r in requests]  # per prompt; rows gather their own
         batch = build_response_batch([r.prompt_ids for r in requests], samples,
                                      self.policy.tokenizer.pad_token_id, mm if any(mm) else None)
-        return Rollouts(records, samples, batch)
+        return Rollouts(records, samples, batch, version=version, seconds=seconds)
+
+    def _seeded(self, step: int) -> SamplingParams:
+        """Sampling for step ``step`` with its private seed (overlapped generation)."""
+        return replace(self.sampling, seed=ahead_seed(self.runner.seed, dist_rank(), step))
 
     def score(self, rollouts: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
         """One reward per response ``(N,)``, and the reward metrics of the step."""
@@ -354,8 +438,10 @@ class RLTrainLoop(BaseLoop):
         batch, rows = rollouts.batch, rollouts.row_records
         old_logprobs, entropy = old_logprobs_of(self.policy, batch, self.update_settings)
         domain_ids, names = encode_domains([r['domain'] for r in rows])
+        group_logprobs = (old_logprobs if self.entropy_logprobs == 'proximal'
+                          else batch.rollout_logprobs)
         adv = self.advantage(
-            AdvantageInputs(rewards=rewards, group_ids=batch.group_index, logprobs=old_logprobs,
+            AdvantageInputs(rewards=rewards, group_ids=batch.group_index, logprobs=group_logprobs,
                          mask=batch.response_mask, entropies=entropy, domain_ids=domain_ids,
                          domain_names=names, prompt_ids=[r['id'] for r in rows]),
             self.advantage_state)
@@ -382,7 +468,12 @@ class RLTrainLoop(BaseLoop):
             self._log_validation(step, val)
         new_tokens = int(rollouts.batch.response_mask.sum())
         metrics['perf/gen_tokens'] = float(new_tokens)
-        metrics['perf/gen_tokens_per_sec'] = new_tokens / max(times['rollout'], 1e-9)
+        generation = times['rollout'] if rollouts.seconds is None else rollouts.seconds
+        metrics['perf/gen_tokens_per_sec'] = new_tokens / max(generation, 1e-9)
+        if self.ahead is not None:  # one version per batch: the mean is the max
+            metrics['rollout/staleness'] = metrics['rollout/staleness_max'] = float(
+                self._iter - rollouts.version)
+            metrics['time/rollout_generate'] = generation
         metrics.update({f'time/{k}': v for k, v in times.items()})
         metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
         # undefined values (the band before it exists, the skewness of all-zero advantages)

@@ -106,12 +106,13 @@ def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str 
 
 def run_settings(*, num_responses: int, prompts_per_rank: Any,
                  minibatch_responses_per_rank: int, ppo_epochs: int, world_size: int,
-                 max_steps: int, advantage: Any, kept_rows: str) -> dict[str, Any]:
+                 max_steps: int, advantage: Any, kept_rows: str,
+                 max_staleness: int = 0) -> dict[str, Any]:
     """The settings a checkpoint's steps were taken under (plain values, comparable)."""
     return dict(num_responses=num_responses, prompts_per_rank=prompts_per_rank,
                 minibatch_responses_per_rank=minibatch_responses_per_rank, ppo_epochs=ppo_epochs,
                 world_size=world_size, max_steps=max_steps, advantage=_plain(advantage),
-                kept_rows=kept_rows)
+                kept_rows=kept_rows, max_staleness=max_staleness)
 
 
 def _plain(value: Any) -> Any:
@@ -152,6 +153,10 @@ MEANINGS = {
     'kept_rows': (
         'rows a processor removes are now trained as {new!r} instead of {old!r}: a '
         'different number of optimizer steps on steps that remove rows'),
+    'max_staleness': (
+        'generation now runs {new} batch(es) ahead instead of {old}: with 1, the batch the '
+        'checkpoint saved ahead (if any) is trained next, then each batch is one weight '
+        'version old; with 0, a saved batch ahead is dropped and the step generates anew'),
     'max_steps': (
         'the run now ends at step {new} instead of {old}; schedules sized by the number of '
         'steps (learning-rate schedules, the last validation) follow the new end'),

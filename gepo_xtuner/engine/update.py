@@ -24,6 +24,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
+from ..loss.behaviour import BehaviourCorrection, check_behaviour_correction
 from ..model.inputs import LossInputs
 from ..ops.distributed import all_reduce, dist_world_size
 from ..rollout import SamplingParams
@@ -67,6 +68,22 @@ class UpdateSettings:
             aggregation (Dr.GRPO) divides by; other aggregations ignore it. The loop
             passes ``train_cfg.norm_length``, by default ``sampling.max_new_tokens`` (the
             generation cap, as Dr.GRPO's authors ran it). None: the padded width.
+        behaviour_correction: how the loss corrects for rollouts sampled by a behaviour
+            policy ``mu`` other than the proximal policy ``pi_prox`` whose logprobs are
+            the recomputed old logprobs (overlapped rollouts with bounded staleness,
+            engine/trainer mismatch). Per token ``w_t = pi_prox / mu =
+            exp(old_logprobs_t - rollout_logprobs_t)``, a constant; the ratio of every
+            loss stays ``pi_theta / pi_prox`` (PPO clips it, CISPO clips it as its
+            weight, both against ``pi_prox``). One of ``'none'`` (default: nothing is
+            computed, the update is bit for bit the uncorrected one), ``'truncate'``
+            (decoupled PPO / truncated importance sampling: the per-token loss becomes
+            ``min(w_t, C) * l_t``) or ``'mask'`` (tokens with ``w_t`` outside
+            ``[1/C, C]`` leave the loss and the token-mean / seq-mean denominators over
+            the whole minibatch and all ranks; a response left with no token leaves the
+            sequence count, as an empty one; kept tokens weigh 1). See
+            :mod:`gepo_xtuner.loss.behaviour`. With ``mu = pi_prox``, ``w_t = 1`` exactly.
+        behaviour_cap: ``C > 1``, the cap of ``'truncate'`` and the band ``[1/C, C]`` of
+            ``'mask'``; ignored by ``'none'``.
     """
 
     minibatch_responses_per_rank: int
@@ -76,6 +93,8 @@ class UpdateSettings:
     kept_rows: str = 'full_minibatches'
     temperature: float = 1.0
     norm_length: float | None = None
+    behaviour_correction: str = 'none'
+    behaviour_cap: float = 2.0
 
     def __post_init__(self) -> None:
         if min(self.minibatch_responses_per_rank, self.ppo_epochs) < 1:
@@ -92,6 +111,7 @@ class UpdateSettings:
         if self.norm_length is not None and not self.norm_length > 0:
             raise ValueError(f'train_cfg.norm_length must be > 0 or None, got '
                              f'{self.norm_length!r}')
+        check_behaviour_correction(self.behaviour_correction, self.behaviour_cap)
 
     @property
     def logprob_budget(self) -> int | None:
@@ -154,7 +174,14 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     P ranks give the gradient of one big batch.
 
     Rows an advantage processor did not keep (``keep`` False) are in no minibatch and
-    no denominator. Every rank takes the same number of steps per pass:
+    no denominator. With ``settings.behaviour_correction`` the rollout's logprobs
+    (``batch.rollout_logprobs``, the behaviour policy ``mu``) and ``old_logprobs``
+    (``pi_prox``) give each token its weight ``w = pi_prox / mu``
+    (:class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`): ``'truncate'`` passes
+    ``min(w, C)`` to the loss, ``'mask'`` counts only the tokens with ``w`` in
+    ``[1/C, C]``, in the loss and in the minibatch's token / response totals.
+
+    Every rank takes the same number of steps per pass:
     ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any rank
     and ``kept_rows='full_minibatches'``, that of
     :func:`~gepo_xtuner.engine.batching.kept_minibatches` (fewer steps of full size;
@@ -174,8 +201,12 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     Returns:
         ``loss/*`` and ``ratio/*`` of the loss (:class:`MicroBatchStats`),
         ``optim/steps``, ``optim/micro_batches`` (mean per step), ``optim/rows_trained``,
-        ``optim/minibatch_rows`` (rows per step over all ranks) and
-        ``optim/grad_norm`` (mean before clipping, when the wrapper clips).
+        ``optim/minibatch_rows`` (rows per step over all ranks),
+        ``optim/grad_norm`` (mean before clipping, when the wrapper clips) and, unless
+        ``settings.behaviour_correction`` is ``'none'``, ``offpolicy/weight_mean``,
+        ``offpolicy/weight_max`` (of ``w = pi_prox / mu`` over the valid tokens of the
+        trained rows on all ranks, before the cap) and ``offpolicy/frac_truncated`` or
+        ``offpolicy/frac_masked`` (:meth:`BehaviourCorrection.metrics`).
     """
     device = next(_unwrapped(model).parameters()).device
     packed = _packs(_unwrapped(model), batch)
@@ -184,11 +215,20 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     prompt_len, response_len = batch.lengths()
     n_total, kept_total = (int(v) for v in all_reduce(
         torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
+    # None for 'none': then counted == response_mask and the loss inputs carry nothing new
+    correction = BehaviourCorrection.of(old_logprobs, batch.rollout_logprobs,
+                                        batch.response_mask, settings.behaviour_correction,
+                                        settings.behaviour_cap)
+    weights = None if correction is None else correction.loss_weights
+    kept = None if correction is None else correction.loss_mask
+    counted = batch.response_mask if kept is None else kept  # the tokens the loss counts
+    counted_len = response_len if kept is None else kept.sum(1)
 
     def inputs(part: Tensor, totals: Tensor) -> LossInputs:
         return loss_inputs(batch, part, old_logprobs, advantages, totals,
                            temperature=settings.temperature,
-                           norm_length=settings.norm_length).to(device)
+                           norm_length=settings.norm_length, behaviour_weights=weights,
+                           loss_mask=kept).to(device)
 
     def nothing(totals: Tensor) -> LossInputs:  # a micro-batch with no valid token: loss 0
         return inputs(torch.arange(1), totals).without_tokens()
@@ -205,7 +245,7 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
         else:
             plan = minibatches(rows, math.ceil(len(batch) / per_rank))
         for minibatch in plan:
-            mask = batch.response_mask[minibatch]
+            mask = counted[minibatch]
             totals = all_reduce(torch.tensor([float(mask.sum()), float(mask.any(1).sum()),
                                               float(len(minibatch))], dtype=torch.float64))
             minibatch_rows.append(float(totals[2]))
@@ -215,7 +255,7 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
             logs, grad_norm = optimizer_step(
                 model, optim_wrapper, [inputs(m, totals) for m in micro],
                 loss_scale=float(world), pad=lambda: nothing(totals))
-            tokens = [int(response_len[m].sum()) for m in micro]
+            tokens = [int(counted_len[m].sum()) for m in micro]
             stats.add_minibatch(logs, tokens + [0] * (len(logs) - len(tokens)))
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
@@ -226,6 +266,10 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     metrics['optim/minibatch_rows'] = sum(minibatch_rows) / max(len(minibatch_rows), 1)
     if grad_norms:
         metrics['optim/grad_norm'] = sum(grad_norms) / len(grad_norms)
+    if correction is not None:
+        sums, top = correction.metric_sums(rows)
+        metrics.update(correction.metrics(correction.mode, all_reduce(sums),
+                                          all_reduce(top, 'max')))
     return metrics
 
 

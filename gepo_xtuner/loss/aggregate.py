@@ -150,7 +150,7 @@ class PolicyInputs(NamedTuple):
     ``advantages`` are 0 and ``ratio`` is 1, so every per-token term there is finite.
     """
     logprobs: Tensor      # current policy, differentiable
-    old_logprobs: Tensor  # behaviour policy, detached
+    old_logprobs: Tensor  # old (proximal) policy pi_prox, detached
     log_ratio: Tensor     # clamp(logprobs - old_logprobs, +-LOG_RATIO_CLAMP)
     ratio: Tensor         # exp(log_ratio)
     advantages: Tensor    # detached, broadcast to (N, T)
@@ -163,7 +163,7 @@ def prepare_inputs(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
 
     Args:
         logprobs: ``(N, T)`` current-policy log-probs (requires grad).
-        old_logprobs: ``(N, T)`` behaviour-policy log-probs (detached here).
+        old_logprobs: ``(N, T)`` old (proximal) policy log-probs (detached here).
         advantages: ``(N,)`` per response or ``(N, T)`` per token (detached here).
         mask: ``(N, T)`` bool or 0/1 float.
 
@@ -197,7 +197,7 @@ def ratio_metrics(inp: PolicyInputs, loss: Tensor) -> dict[str, Tensor]:
 
     ``loss/pg`` (the aggregated loss), ``ratio/mean|max|min`` over valid tokens
     (0 for an empty mask) and ``loss/approx_kl``: the valid-token mean of the k3
-    estimator ``(rho - 1) - log rho`` of KL(behaviour || current).
+    estimator ``(rho - 1) - log rho`` of KL(old || current).
     """
     with torch.no_grad():
         ratio, valid = inp.ratio, inp.mask

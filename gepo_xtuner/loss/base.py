@@ -21,6 +21,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from gepo_xtuner.loss.aggregate import (PolicyInputs, aggregate, check_agg, flag_fractions,
@@ -51,17 +52,26 @@ class PolicyLoss(abc.ABC):
     Call::
 
         loss, metrics = loss_fn(logprobs, old_logprobs, advantages, mask, *,
-                                num_tokens=None, num_seqs=None, norm_length=None)
+                                num_tokens=None, num_seqs=None, norm_length=None,
+                                behaviour_weights=None)
 
     with ``logprobs`` (differentiable), ``old_logprobs`` and ``mask`` of shape
     ``(N, T)`` and ``advantages`` ``(N,)`` or ``(N, T)``; ``old_logprobs`` and
-    ``advantages`` are constants. The result is
-    ``aggregate(per_token(inp).loss, mask, agg, num_tokens, num_seqs, norm_length)``:
+    ``advantages`` are constants. ``old_logprobs`` are the proximal policy's
+    (``pi_prox``, the trainer's recomputed logprobs): every loss's ratio is
+    ``rho_t = pi_theta / pi_prox``. The result is
+    ``aggregate(w_t * per_token(inp).loss, mask, agg, num_tokens, num_seqs, norm_length)``:
+    ``w_t`` are ``behaviour_weights`` (``(N, T)`` constants, e.g. the truncated
+    behaviour weights ``min(pi_prox / mu, C)`` of
+    :class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`; None: no product at all,
+    so the loss is bit for bit the uncorrected one), applied to every loss's per-token
+    term before aggregation, so no loss needs code of its own for it.
     ``num_tokens`` / ``num_seqs`` override the denominators (the RL loop passes
     the whole minibatch's counts over all ranks, so micro-batches add up to the
     minibatch's loss), ``norm_length`` is Dr.GRPO's constant length. ``metrics``
-    holds ``loss/pg``, ``ratio/mean|max|min``, ``loss/approx_kl``, one
-    ``loss/<flag>`` per flag and the loss's own metrics, all detached 0-dim tensors.
+    holds ``loss/pg`` (the weighted loss), ``ratio/mean|max|min``, ``loss/approx_kl``,
+    one ``loss/<flag>`` per flag and the loss's own metrics, all detached 0-dim tensors;
+    the weights change only ``loss/pg``.
 
     Contract for subclasses:
 
@@ -86,12 +96,15 @@ class PolicyLoss(abc.ABC):
         """The per-token loss of validated inputs (all ``(N, T)``, padding zeroed)."""
 
     def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor, *, num_tokens=None, num_seqs=None,
-                 norm_length=None) -> tuple[Tensor, dict[str, Tensor]]:
+                 mask: Tensor, *, num_tokens=None, num_seqs=None, norm_length=None,
+                 behaviour_weights: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """The aggregated loss and its metrics; see the class docstring."""
         inp = prepare_inputs(logprobs, old_logprobs, advantages, mask)
         out = self.per_token(inp)
-        loss = aggregate(out.loss, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
+        per_token = out.loss
+        if behaviour_weights is not None:
+            per_token = per_token * _weights(behaviour_weights, inp)
+        loss = aggregate(per_token, inp.mask, self.agg, num_tokens, num_seqs, norm_length)
         metrics = ratio_metrics(inp, loss)
         metrics.update(flag_fractions(inp, **out.flags))
         metrics.update(out.metrics)
@@ -108,3 +121,17 @@ class PolicyLoss(abc.ABC):
         items = [(k, v) for k, v in vars(self).items() if k[0] != '_' and k != 'agg']
         args = ', '.join(f'{k}={v!r}' for k, v in [*items, ('agg', self.agg)])
         return f'{type(self).__name__}({args})'
+
+
+def _weights(weights: Tensor, inp: PolicyInputs) -> Tensor:
+    """``weights`` detached, in the compute dtype, 1 at padding (so nothing non-finite
+    there reaches the product or its gradient).
+
+    Raises:
+        ValueError: ``weights`` is not shaped like the per-token loss.
+    """
+    if weights.shape != inp.mask.shape:
+        raise ValueError(f'behaviour_weights must have shape {tuple(inp.mask.shape)} like '
+                         f'logprobs, got {tuple(weights.shape)}')
+    one = torch.ones((), dtype=inp.ratio.dtype, device=inp.ratio.device)
+    return torch.where(inp.mask, weights.detach().to(inp.ratio.dtype), one)

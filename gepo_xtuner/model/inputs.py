@@ -26,7 +26,10 @@ class LossInputs:
         input_ids: ``(B, P + R)`` long.
         attention_mask: ``(B, P + R)`` 0/1.
         response_mask: ``(B, R)`` bool, real response tokens.
-        old_logprobs: ``(B, R)`` behaviour-policy logprobs (loss mode; a constant).
+        old_logprobs: ``(B, R)`` old-policy logprobs (loss mode; a constant): those of the
+            proximal policy ``pi_prox`` (the trainer's weights when the batch is trained,
+            recomputed by :func:`~gepo_xtuner.engine.update.old_logprobs`); every loss's
+            ratio is ``pi_theta / pi_prox``.
         advantages: ``(B,)`` or ``(B, R)`` (loss mode; a constant).
         num_tokens: 0-dim, valid tokens of the WHOLE minibatch over all ranks: the
             token-mean denominator, so micro-batches add up to the minibatch's loss.
@@ -41,6 +44,16 @@ class LossInputs:
         mm_inputs: the rows' multimodal tensors as the processor names them
             (``pixel_values``, ``image_grid_thw``, ...), concatenated along dim 0 in
             row order (:mod:`gepo_xtuner.ops.multimodal`); None for text-only rows.
+        behaviour_weights: ``(B, R)`` float constants ``min(pi_prox / mu, C)`` that multiply
+            each token's policy-gradient loss before aggregation
+            (``behaviour_correction='truncate'``,
+            :class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`); padding is ignored.
+            None: no weighting.
+        loss_mask: ``(B, R)`` bool, the response tokens the loss counts, a subset of
+            ``response_mask`` (``behaviour_correction='mask'`` leaves out the tokens whose
+            behaviour weight ``pi_prox / mu`` lies outside ``[1/C, C]``); ``num_tokens``
+            and ``num_seqs`` must count these tokens and the rows that keep one. Scoring
+            still reads ``response_mask``. None: ``response_mask``.
     """
 
     input_ids: Tensor
@@ -53,6 +66,8 @@ class LossInputs:
     norm_length: float | None = None
     temperature: float | None = None
     mm_inputs: MMInputs | None = None
+    behaviour_weights: Tensor | None = None
+    loss_mask: Tensor | None = None
 
     @classmethod
     def of(cls, inputs: 'LossInputs | Mapping[str, Any]') -> 'LossInputs':
@@ -79,6 +94,16 @@ class LossInputs:
         return replace(self, **moved)
 
     def without_tokens(self) -> 'LossInputs':
-        """The same rows with an all-zero response mask: loss 0, gradient 0. A rank with
-        nothing to train runs it so that it meets the others' gradient reductions."""
-        return replace(self, response_mask=torch.zeros_like(self.response_mask))
+        """The same rows with an all-zero response mask (and loss mask): loss 0, gradient 0.
+        A rank with nothing to train runs it so that it meets the others' gradient
+        reductions."""
+        if self.loss_mask is None:
+            return replace(self, response_mask=torch.zeros_like(self.response_mask))
+        return replace(self, response_mask=torch.zeros_like(self.response_mask),
+                       loss_mask=torch.zeros_like(self.loss_mask))
+
+    @property
+    def counted_mask(self) -> Tensor:
+        """``(B, R)`` bool, the tokens the loss counts: ``loss_mask``, else
+        ``response_mask``."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask

@@ -296,7 +296,18 @@ class RLPolicy(BaseModel):
 
     def forward(self, inputs: LossInputs | dict[str, Any], data_samples: Any = None,
                 mode: str = 'loss') -> dict[str, Tensor] | tuple[Tensor, Tensor | None]:
-        """``mode='loss'``: policy loss and its metrics; ``mode='logprobs'``: logprobs, entropy."""
+        """``mode='loss'``: policy loss and its metrics; ``mode='logprobs'``: logprobs, entropy.
+
+        The loss is ``L_pg + kl_coef * L_kl`` over the tokens ``inputs.counted_mask``
+        (``loss_mask``, else ``response_mask``), both reduced with the same ``agg`` and
+        denominators. Behaviour correction for stale rollouts
+        (:mod:`gepo_xtuner.loss.behaviour`): ``inputs.behaviour_weights`` (truncate)
+        multiply the per-token policy-gradient term only; the reference-KL term is not
+        reweighted, since it is a regulariser of ``pi_theta`` towards the reference, not
+        an estimate under the sampling distribution that ``pi_prox / mu`` corrects.
+        ``inputs.loss_mask`` (mask) drops tokens from both terms and their denominators, so
+        a dropped token takes no part in the objective.
+        """
         inputs = LossInputs.of(inputs)
         if mode == 'logprobs':
             return self.response_logprobs(inputs, with_entropy=True)
@@ -306,13 +317,15 @@ class RLPolicy(BaseModel):
         if inputs.old_logprobs is None or inputs.advantages is None:
             raise ValueError("RLPolicy.forward(mode='loss') needs inputs.old_logprobs and "
                              'inputs.advantages')
+        mask = inputs.counted_mask
         loss, metrics = self.policy_loss(logprobs, inputs.old_logprobs, inputs.advantages,
-                                         inputs.response_mask, num_tokens=inputs.num_tokens,
+                                         mask, num_tokens=inputs.num_tokens,
                                          num_seqs=inputs.num_seqs,
-                                         norm_length=inputs.norm_length)
+                                         norm_length=inputs.norm_length,
+                                         behaviour_weights=inputs.behaviour_weights)
         if self.kl_coef > 0:
             kl = reference_kl_loss(logprobs, self.reference_logprobs(inputs),
-                                   inputs.response_mask, self.policy_loss.agg,
+                                   mask, self.policy_loss.agg,
                                    inputs.num_tokens, inputs.num_seqs, inputs.norm_length)
             loss = loss + self.kl_coef * kl
             metrics['loss/kl_ref'] = kl.detach()

@@ -25,6 +25,12 @@ class SamplingParams:
         max_new_tokens: response length cap.
         stop_token_ids: generation ends after any of these (it is kept in the
             response, so the policy learns to stop).
+        seed: None (default): backends sample with their usual random source (the
+            in-process backend: the global torch RNG, checkpointed by the loop). An int:
+            the in-process backend samples from a private generator seeded with it and
+            leaves the global RNG untouched, so generation on a background thread
+            (``train_cfg.max_staleness``) is reproducible whatever the trainer draws
+            meanwhile. Servers without a seed on their endpoint ignore it.
     """
 
     n: int = 1
@@ -33,6 +39,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 32
     stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -89,11 +96,15 @@ class RolloutSample:
             policy of the raw (temperature-1, unfiltered) distribution, like
             LMDeploy's ``raw_logprobs`` mode.
         finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap).
+        weight_version: the trainer's weight version the response was sampled with
+            (RL steps whose update the rollout engine held), set by the RL loop; None
+            where nobody labelled it (validation, tools).
     """
 
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    weight_version: int | None = None
 
 
 class RolloutBackend(abc.ABC):
@@ -137,6 +148,30 @@ class RolloutBackend(abc.ABC):
 
     def update_weights(self, model: nn.Module) -> None:
         """Makes the backend sample from ``model``'s current weights (every rank calls it)."""
+
+    def overlap_refusal(self) -> str | None:
+        """Why this backend cannot generate on a background thread while the trainer
+        updates the policy (``train_cfg.max_staleness >= 1``), or None when it can.
+
+        A backend that can overlap keeps :meth:`generate` free of collectives and of the
+        trainer's module: the loop calls it from a worker thread while the main thread
+        trains, and never calls :meth:`update_weights` while it runs. The default
+        refuses: a backend says it can.
+        """
+        return (f'{type(self).__name__} does not say it can generate while the trainer '
+                'updates (RolloutBackend.overlap_refusal)')
+
+    def prepare_overlap(self) -> None:
+        """Called once after :meth:`attach` when the loop will overlap generation with
+        training (e.g. the in-process backend takes its own copy of the weights).
+
+        Raises:
+            ValueError: the reason of :meth:`overlap_refusal`, when it has one.
+        """
+        refusal = self.overlap_refusal()
+        if refusal is not None:
+            raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '
+                             f'generate while the trainer updates: {refusal}')
 
     def pop_metrics(self) -> dict[str, float]:
         """Figures since the last call (e.g. ``rollout/server/<i>/...``), then reset."""

@@ -1,11 +1,12 @@
 """In-process rollouts with ``transformers`` generation on the policy being trained."""
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from ..ops.multimodal import MMInputs, can_concat, concat_mm_inputs, mm_to, placeholder_token_ids
 from ..ops.token import gather_logprobs
@@ -69,6 +70,33 @@ class HFRolloutBackend(RolloutBackend):
         self.model: nn.Module | None = None
         self.pad_token_id: int | None = None
         self.suppress: tuple[int, ...] = ()
+        self.own_copy = False  # sampling from a copy of the policy (prepare_overlap)
+
+    def overlap_refusal(self) -> str | None:
+        return None
+
+    def prepare_overlap(self) -> None:
+        """Samples from a copy of the attached policy from now on; :meth:`update_weights`
+        copies the trainer's weights into it."""
+        if self.model is None:
+            raise RuntimeError('HFRolloutBackend.prepare_overlap called before attach')
+        if any(hasattr(p, 'ds_id') for p in self.model.parameters()):
+            raise ValueError('train_cfg.max_staleness >= 1 with HFRolloutBackend needs full '
+                             'parameters on each rank; DeepSpeed ZeRO-3 partitions them')
+        if not self.own_copy:
+            self.model = copy.deepcopy(self.model).eval()
+            self.model.requires_grad_(False)
+            self.own_copy = True
+
+    @torch.no_grad()
+    def update_weights(self, model: nn.Module) -> None:
+        """Nothing to do when sampling from the trained module itself; with its own copy
+        (:meth:`prepare_overlap`), copies ``model``'s parameters and buffers into it."""
+        if not self.own_copy:
+            return
+        mine = self.model.state_dict(keep_vars=True)
+        for name, value in model.state_dict(keep_vars=True).items():
+            mine[name].data.copy_(value.data)
 
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
         self.model = model
@@ -90,12 +118,16 @@ class HFRolloutBackend(RolloutBackend):
                     "policy's processor (RLPolicy with a vision-language model_class)")
         rows = [(r.prompt_ids, r.mm_inputs or {}) for r in requests for _ in range(params.n)]
         samples: list[RolloutSample | None] = [None] * len(rows)
+        generator = None
+        if params.seed is not None and params.temperature > 0:  # one stream for all calls
+            device = next(self.model.parameters()).device
+            generator = torch.Generator(device).manual_seed(params.seed)
         was_training = self.model.training
         self.model.eval()
         try:
             for call in self.plan(requests, params):
                 for i, sample in zip(call, self._generate_batch([rows[i] for i in call],
-                                                                params)):
+                                                                params, generator)):
                     samples[i] = sample
         finally:
             self.model.train(was_training)
@@ -137,8 +169,8 @@ class HFRolloutBackend(RolloutBackend):
                 calls.append(call)
         return calls
 
-    def _generate_batch(self, rows: list[tuple[list[int], MMInputs]], params: SamplingParams
-                        ) -> list[RolloutSample]:
+    def _generate_batch(self, rows: list[tuple[list[int], MMInputs]], params: SamplingParams,
+                        generator: torch.Generator | None = None) -> list[RolloutSample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p, _ in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -150,16 +182,27 @@ class HFRolloutBackend(RolloutBackend):
         mm = mm_to(concat_mm_inputs([m for _, m in rows]), device,
                    getattr(self.model, 'dtype', None))
         greedy = params.temperature == 0
+        seeded = generator is not None
+        extra: dict[str, Any] = {}
+        if seeded:  # Gumbel-max with the private generator; HF then takes the argmax
+            if params.top_p < 1 or params.top_k > 0:
+                raise ValueError('HFRolloutBackend: seeded sampling (SamplingParams.seed) '
+                                 'takes the full distribution; top_p < 1 and top_k > 0 are '
+                                 'not supported with it')
+            extra['logits_processor'] = LogitsProcessorList(
+                [GumbelSample(params.temperature, generator)])
         config = GenerationConfig(
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p, top_k=None if greedy else params.top_k,
+            do_sample=not (greedy or seeded),
+            temperature=None if greedy or seeded else params.temperature,
+            top_p=None if greedy or seeded else params.top_p,
+            top_k=None if greedy or seeded else params.top_k,
             max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id,
             eos_token_id=list(params.stop_token_ids) or None, output_logits=True,
             return_dict_in_generate=True,
             **({'suppress_tokens': list(self.suppress)} if self.suppress else {}))
         out = self.model.generate(input_ids=input_ids.to(device),
                                   attention_mask=attention_mask.to(device),
-                                  generation_config=config, **mm)
+                                  generation_config=config, **mm, **extra)
         generated = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1)  # raw logits, (B, S, V)
         if not greedy and params.temperature != 1.0:  # the distribution sampled from
@@ -175,3 +218,27 @@ class HFRolloutBackend(RolloutBackend):
             if tok in stops:
                 return RolloutSample(ids[:t + 1], logprobs[:t + 1].tolist(), 'stop')
         return RolloutSample(ids, logprobs.tolist(), 'length')
+
+
+class GumbelSample(LogitsProcessor):
+    """Turns greedy decoding into exact sampling from ``softmax(scores / temperature)``.
+
+    ``argmax_v(scores_v / tau + g_v)`` with ``g_v = -log(E_v)``, ``E_v ~ Exp(1)`` i.i.d.
+    (Gumbel noise) is a sample of ``softmax(scores / tau)``; the noise comes from
+    ``generator``, so sampling consumes no global random state. Tokens already at
+    ``-inf`` (suppressed) stay there.
+
+    Args:
+        temperature: ``tau`` > 0.
+        generator: the private generator, on the scores' device.
+    """
+
+    def __init__(self, temperature: float, generator: torch.Generator) -> None:
+        self.temperature = float(temperature)
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor
+                 ) -> torch.FloatTensor:
+        noise = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
+        noise.exponential_(generator=self.generator)
+        return scores.float() / self.temperature - noise.log()

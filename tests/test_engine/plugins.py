@@ -3,11 +3,13 @@
 They are registered like any user plugin: a reward with signal even for an
 untrained policy, a reward that fails on chosen records, a shaper with an entropy band
 of its own (not GEPO's), and an observer hook that writes each rank's advantage state
-after every step.
+after every step, and an in-process rollout backend that records the thread and the
+weights of each generation.
 """
 
 import json
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -16,7 +18,8 @@ from mmengine.registry import HOOKS
 
 from gepo_xtuner.advantage import AdvantageShaper
 from gepo_xtuner.advantage.base import EntropyBand, Shaping
-from gepo_xtuner.registry import ADVANTAGES, REWARDS
+from gepo_xtuner.registry import ADVANTAGES, REWARDS, ROLLOUT_BACKENDS
+from gepo_xtuner.rollout import HFRolloutBackend
 
 
 @REWARDS.register_module()
@@ -28,6 +31,15 @@ class ShortAnswerReward:
 
     def __call__(self, completion: str, record: dict) -> float:
         return float(len(completion.strip()) <= self.max_len)
+
+
+@REWARDS.register_module()
+class DigitShareReward:
+    """The share of the completion's characters that are digits: any two random responses
+    of the tiny policy score differently, so every group carries signal at every step."""
+
+    def __call__(self, completion: str, record: dict) -> float:
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
 @REWARDS.register_module()
@@ -74,3 +86,28 @@ class DumpAdvantageStateHook(Hook):
                    num_prompts=len(data_batch))
         with open(os.path.join(runner.work_dir, f'state_rank{rank}.jsonl'), 'a') as fh:
             fh.write(json.dumps(row) + '\n')
+
+
+def weights_fingerprint(state: dict[str, torch.Tensor]) -> float:
+    """One float64 per set of weights: the sum of every tensor, in name order (two
+    versions of the tiny policy never share it; the same weights always give it)."""
+    return float(sum(state[name].detach().double().sum() for name in sorted(state)))
+
+
+@ROLLOUT_BACKENDS.register_module()
+class RecordingRolloutBackend(HFRolloutBackend):
+    """The in-process backend, writing one JSON line per :meth:`generate` call to
+    ``$GEPO_TEST_GENERATE_LOG.<rank>``: the thread it ran on, the fingerprint of the
+    weights it sampled with at the start and at the end of the call, and the prompts.
+    A weight push during a generation would show as two different fingerprints."""
+
+    def generate(self, requests, params):
+        before = weights_fingerprint(self.model.state_dict())
+        out = super().generate(requests, params)
+        row = dict(thread=threading.current_thread().name, before=before,
+                   after=weights_fingerprint(self.model.state_dict()),
+                   prompts=len(requests), seeded=params.seed is not None)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        return out

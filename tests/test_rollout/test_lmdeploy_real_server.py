@@ -416,3 +416,50 @@ def test_sleep_level_2_error_reaches_every_rank(real_server, tmp_path):
     assert [p.exitcode for p in procs] == [0, 0]
     messages = [(tmp_path / f'rank{r}').read_text() for r in range(2)]
     assert 'call update_weights' in messages[0] and messages[1] == messages[0]
+
+
+def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
+    """``train_cfg.max_staleness=1`` against LMDeploy's server code: the trainer's worker
+    thread generates the next batch while the trainer updates, and no weight push reaches
+    the server while any of its requests runs (every batch from one weight version).
+    From step 2 on, the server's logprobs are one version old: they differ from the
+    trainer's recomputed ones, and the behaviour weight corrects for it."""
+    import asyncio
+    from tests.test_engine.conftest import scalars, train, write_config
+    server = lmdeploy_server(tiny_dir / 'model')
+    engine, events = server.engine, []
+    generate, receive = engine.generate, engine.update_weights_from_distributed
+
+    async def logged_generate(*args, **kwargs):
+        events.append('start')
+        try:
+            async for out in generate(*args, **kwargs):
+                yield out
+        finally:
+            events.append('end')
+
+    async def logged_update(*args, **kwargs):
+        events.append('push')
+        return await receive(*args, **kwargs)
+
+    engine.generate, engine.update_weights_from_distributed = logged_generate, logged_update
+    assert asyncio.iscoroutinefunction(receive)
+    cfg = write_config(tmp_path, extra=f"""
+        train_cfg = dict(max_staleness=1, rollout=dict(
+            _delete_=True, type='LMDeployRolloutBackend', server_url={server.url!r},
+            max_retries=0, timeout_s=120, weight_sync=dict(mode='nccl', backend='gloo',
+                                                           timeout_s=120)))
+    """)
+    train(cfg, tmp_path / 'run', tiny_dir, 'train_cfg.max_steps=3', 'train_cfg.val=None',
+          'train_cfg.rewards.default.type=DigitShareReward')  # every step moves the weights
+    logged = scalars(tmp_path / 'run')
+    assert [logged[t]['rollout/staleness'] for t in (1, 2, 3)] == [0, 1, 1]
+    assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
+    assert min(logged[t]['rollout/logprob_abs_diff'] for t in (2, 3)) > 1e-4
+    assert all('offpolicy/weight_mean' in logged[t] for t in (2, 3))
+    # 3 batches of B x K = 16 requests, 3 pushes, never one while a request runs
+    assert events.count('start') == 48 and events.count('push') >= 3
+    running = 0
+    for event in events:
+        running += {'start': 1, 'end': -1, 'push': 0}[event]
+        assert event != 'push' or running == 0, events

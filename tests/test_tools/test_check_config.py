@@ -399,3 +399,21 @@ def test_chat_parquet_needs_the_tokenizers_chat_template(locations, tmp_path):
     proc = check(cfg, env=locations)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f'{data} [exists, 0.0 MiB], 2 records checked' in proc.stdout
+
+
+def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations):
+    """The paper config's default (the colocated server, asleep while the trainer updates)
+    cannot overlap; with a separate server it can; only 0 and 1 are values."""
+    monkeypatch.delenv('GEPO_LMDEPLOY_URL', raising=False)
+    config = ROOT / 'configs' / 'gepo_intern_s1_mini.py'
+    proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1', env=locations)
+    assert proc.returncode == 1
+    assert ("train_cfg.max_staleness: 1 needs a rollout backend that generates while the "
+            "trainer updates: weight_sync mode 'ipc' with sleep_wake=True") in proc.stdout
+    proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1',
+                 env=dict(locations, GEPO_LMDEPLOY_URL='http://node7:23333', MASTER_ADDR='node1'))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 'generation one batch ahead (max_staleness 1)' in proc.stdout
+    proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
+                 'train_cfg.max_staleness=2', env=locations)
+    assert proc.returncode == 1 and 'train_cfg.max_staleness: must be 0 or 1, got 2' in proc.stdout

@@ -353,6 +353,17 @@ class LMDeployRolloutBackend(RolloutBackend):
         if self.server is not None:
             self.server.close()
 
+    def overlap_refusal(self) -> str | None:
+        """Servers generate while the trainer updates, except in the colocated mode: with
+        ``sleep_wake`` the server sleeps on the trainer's GPU during the update (and
+        :meth:`generate` is collective), so nothing can run ahead."""
+        if self.sleep_wake:
+            return ("weight_sync mode 'ipc' with sleep_wake=True puts the server to sleep on "
+                    "trainer rank 0's GPU while the trainer updates, so generation cannot run "
+                    'meanwhile; use a separate server (weight_sync mode nccl or disk, or ipc '
+                    'with sleep_wake=False when the GPU holds both) or max_staleness=0')
+        return None
+
     def pop_metrics(self) -> dict[str, float]:
         """Per-server figures since the last call (``rollout/server/<i>/...``, see
         :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`)."""

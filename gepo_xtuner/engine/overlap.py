@@ -1,0 +1,157 @@
+"""Generation one batch ahead of the update: ``train_cfg.max_staleness = 1``.
+
+With ``max_staleness = 1`` the RL loop starts generating step ``i + 1``'s responses on a
+worker thread as soon as step ``i``'s are in hand, and scores, shapes and trains step
+``i`` meanwhile. Before it pushes the new weights it waits for the worker, so no request
+is in flight during a push: every response of a batch comes from one weight version,
+the one the rollout engine held when the batch started (whole groups, one version), and
+step ``i + 1`` trains on responses one version old. Timeline of one step::
+
+    main thread:  take batch i | launch i+1 | reward | advantage | update | wait | push
+    worker:                      generate batch i+1 (weights of version i) ...|
+
+The worker calls nothing but :meth:`~gepo_xtuner.rollout.RolloutBackend.generate`
+(no collective, no tokenizer); requests are encoded and responses batched on the main
+thread. A checkpoint saved at the end of step ``i`` holds batch ``i + 1`` (its samples:
+token ids, logprobs, finish reasons, weight version), since the weights that produced it
+are not in the checkpoint; a resumed run trains on exactly those responses.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..rollout import RolloutRequest, SamplingParams
+from ..rollout.base import RolloutBackend, RolloutSample
+
+__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed']
+
+
+def ahead_seed(seed: int | None, rank: int, step: int) -> int:
+    """The private sampling seed of step ``step``'s batch on ``rank``: a pure function of
+    the run's seed, so a resumed run samples what the straight one sampled."""
+    return (((seed or 0) * 1_000_003 + step) * 10_007 + rank) % 2**63
+
+
+@dataclass
+class PendingRollouts:
+    """One batch generated ahead.
+
+    Attributes:
+        step: the RL step (0-based) it is for.
+        version: the weight version it was sampled with (updates the engine held).
+        prompt_ids: the records' ``id`` fields, checked against the step's records.
+        samples: ``samples[i][j]``, the j-th response to prompt i.
+        seconds: wall time of the generation.
+    """
+
+    step: int
+    version: int
+    prompt_ids: list[Any]
+    samples: list[list[RolloutSample]]
+    seconds: float
+
+    def state_dict(self) -> dict[str, Any]:
+        """Compact form for a checkpoint: token ids int32 and logprobs float32 tensors."""
+        return dict(step=self.step, version=self.version, prompt_ids=list(self.prompt_ids),
+                    seconds=self.seconds,
+                    samples=[[(torch.tensor(s.response_ids, dtype=torch.int32),
+                               torch.tensor(s.logprobs, dtype=torch.float32), s.finish_reason)
+                              for s in group] for group in self.samples])
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> 'PendingRollouts':
+        samples = [[RolloutSample(ids.tolist(), lps.tolist(), finish, state['version'])
+                    for ids, lps, finish in group] for group in state['samples']]
+        return cls(state['step'], state['version'], list(state['prompt_ids']), samples,
+                   float(state['seconds']))
+
+
+class RolloutAhead:
+    """Runs ``backend.generate`` for the next batch on a worker thread.
+
+    One batch at a time: :meth:`launch` starts it, :meth:`wait` joins it (re-raising
+    what the worker raised), :meth:`take` hands it to the step it was made for.
+
+    Args:
+        backend: a rollout backend whose :meth:`overlap_refusal` is None, prepared
+            with :meth:`prepare_overlap`.
+    """
+
+    def __init__(self, backend: RolloutBackend) -> None:
+        self.backend = backend
+        self.pending: PendingRollouts | None = None
+        self._thread: threading.Thread | None = None
+        self._job: dict[str, Any] = {}
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def launch(self, step: int, version: int, prompt_ids: list[Any],
+               requests: list[RolloutRequest], params: SamplingParams) -> None:
+        """Starts generating step ``step``'s batch with the engine's current weights."""
+        if self._thread is not None or self.pending is not None:
+            raise RuntimeError('RolloutAhead.launch: a batch is already ahead')
+        job: dict[str, Any] = dict(step=step, version=version, prompt_ids=prompt_ids)
+
+        def work() -> None:
+            start = time.perf_counter()
+            try:
+                job['samples'] = self.backend.generate(requests, params)
+            except BaseException as exc:  # noqa: BLE001 (re-raised on the main thread)
+                job['error'] = exc
+            job['seconds'] = time.perf_counter() - start
+
+        self._job = job
+        self._thread = threading.Thread(target=work, name=f'rollout-ahead-{step}', daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Joins the worker; its batch becomes :attr:`pending`.
+
+        Raises:
+            RuntimeError: the generation failed (the worker's exception is the cause).
+        """
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread, job = None, self._job
+        if 'error' in job:
+            raise RuntimeError(f'generating step {job["step"] + 1}\'s batch ahead failed: '
+                               f'{job["error"]}') from job['error']
+        for group in job['samples']:
+            for sample in group:
+                sample.weight_version = job['version']
+        self.pending = PendingRollouts(job['step'], job['version'], job['prompt_ids'],
+                                       job['samples'], job['seconds'])
+
+    def take(self, step: int, prompt_ids: list[Any]) -> PendingRollouts | None:
+        """The batch made ahead for ``step`` (after :meth:`wait`), or None if there is none.
+
+        Raises:
+            RuntimeError: the batch ahead is for another step or other prompts (a resumed
+                run whose data changed).
+        """
+        self.wait()
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        if pending.step != step or pending.prompt_ids != list(prompt_ids):
+            raise RuntimeError(
+                f'the batch generated ahead is for step {pending.step + 1} and prompts '
+                f'{pending.prompt_ids[:4]}..., but step {step + 1} draws {list(prompt_ids)[:4]}'
+                '...: the checkpoint and the data do not match (was the dataset or its order '
+                'changed since the checkpoint?)')
+        return pending
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The pending batch (the worker is joined first), or None."""
+        self.wait()
+        return None if self.pending is None else self.pending.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.pending = None if state is None else PendingRollouts.from_state(state)
