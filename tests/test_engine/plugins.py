@@ -21,6 +21,8 @@ from gepo_xtuner.advantage.base import EntropyBand, Shaping
 from gepo_xtuner.registry import ADVANTAGES, REWARDS, ROLLOUT_BACKENDS
 from gepo_xtuner.rollout import HFRolloutBackend
 
+from .fingerprint import weights_fingerprint
+
 
 @REWARDS.register_module()
 class ShortAnswerReward:
@@ -86,12 +88,6 @@ class DumpAdvantageStateHook(Hook):
                    num_prompts=len(data_batch))
         with open(os.path.join(runner.work_dir, f'state_rank{rank}.jsonl'), 'a') as fh:
             fh.write(json.dumps(row) + '\n')
-
-
-def weights_fingerprint(state: dict[str, torch.Tensor]) -> float:
-    """One float64 per set of weights: the sum of every tensor, in name order (two
-    versions of the tiny policy never share it; the same weights always give it)."""
-    return float(sum(state[name].detach().double().sum() for name in sorted(state)))
 
 
 @ROLLOUT_BACKENDS.register_module()

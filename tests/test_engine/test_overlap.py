@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .conftest import scalars, train, train_ranks, write_config
-from .plugins import weights_fingerprint
+from .fingerprint import weights_fingerprint
 
 STEPS = 4
 OVERLAP = ['train_cfg.max_staleness=1', f'train_cfg.max_steps={STEPS}',
