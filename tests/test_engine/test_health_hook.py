@@ -59,6 +59,15 @@ def replay(history: list[dict]) -> list[tuple[int, str, str]]:
     return out
 
 
+def first_entropy_alarm(raised, alarm: str, history: list[dict]) -> list[float]:
+    """The logged values, up to its step, of the metric the first ``alarm`` line names."""
+    hits = [(s, m) for s, a, _, m in raised if a == alarm]
+    assert hits, raised
+    step, message = hits[0]
+    key = re.match(r'(entropy/\w+/\w+) ', message).group(1)
+    return [r[key] for r in history if key in r and r['step'] <= step]
+
+
 @pytest.fixture(scope='module')
 def brevity_run(tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('brevity')
@@ -190,11 +199,7 @@ def test_a_policy_driven_to_determinism_raises_entropy_collapse(collapse_run):
     history = json.loads((work / 'training_curves.json').read_text())
     raised = events(output)
     assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
-    hits = [(s, d, m) for s, a, d, m in raised if a == 'entropy_collapse']
-    assert hits, raised
-    step, domain, message = hits[0]
-    key = re.match(r'(entropy/\w+/\w+) ', message).group(1)
-    values = [r[key] for r in history if key in r and r['step'] <= step]
+    values = first_entropy_alarm(raised, 'entropy_collapse', history)
     assert sum(values[-3:]) / 3 < 0.1 * sum(values[:5]) / 5
     assert 'entropy_runaway' not in [a for _, a, _, _ in raised]
 
@@ -239,11 +244,7 @@ def test_a_kl_pull_towards_a_uniform_reference_raises_entropy_runaway(
     history = json.loads((tmp_path / 'run' / 'training_curves.json').read_text())
     raised = events(proc.stdout + proc.stderr)
     assert [(s, a, d) for s, a, d, _ in raised] == replay(history)
-    hits = [(s, d, m) for s, a, d, m in raised if a == 'entropy_runaway']
-    assert hits, raised
-    step, domain, message = hits[0]
-    key = re.match(r'(entropy/\w+/\w+) ', message).group(1)
-    values = [r[key] for r in history if key in r and r['step'] <= step]
+    values = first_entropy_alarm(raised, 'entropy_runaway', history)
     start_level, now = sum(values[:5]) / 5, sum(values[-3:]) / 3
     assert start_level < 0.5 and now > 3 * start_level and now - start_level >= 0.1
     assert 'entropy_collapse' not in [a for _, a, _, _ in raised]
