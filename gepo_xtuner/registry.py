@@ -52,7 +52,7 @@ def _build_in_own_scope(cfg, *args, registry: Registry, **kwargs):
     return build_from_cfg(cfg, registry, *args, **kwargs)
 
 
-__all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'ROLLOUT_BACKENDS', 'REWARDS']
+__all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'ROLLOUT_BACKENDS', 'REWARDS', 'shipped']
 
 
 def _child(name: str, parent: Registry, location: str) -> Registry:
@@ -65,3 +65,18 @@ ADVANTAGES = _child('advantage processor', MMENGINE_TASK_UTILS, 'gepo_xtuner.adv
 POLICY_LOSSES = _child('policy loss', MMENGINE_MODELS, 'gepo_xtuner.loss')
 ROLLOUT_BACKENDS = _child('rollout backend', MMENGINE_INFERENCERS, 'gepo_xtuner.rollout')
 REWARDS = _child('reward function', MMENGINE_FUNCTIONS, 'gepo_xtuner.reward')
+
+
+def shipped(registry: Registry) -> dict[str, type]:
+    """The entries of ``registry`` that this package defines, by registered name.
+
+    A user's plugin module (or a test's) registers into the same registries once it is
+    imported anywhere in the process; this is the package's own part, whatever else was
+    imported before.
+
+    Example:
+        >>> 'GEPOAdvantage' in shipped(ADVANTAGES)
+        True
+    """
+    return {name: cls for name, cls in registry.module_dict.items()
+            if cls.__module__.split('.')[0] == 'gepo_xtuner'}

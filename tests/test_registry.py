@@ -98,3 +98,20 @@ def test_builds_inside_a_runner_default_scope():
         assert type(ROLLOUT_BACKENDS.build(dict(type='HFRolloutBackend'))).__name__ == \
             'HFRolloutBackend'
         assert type(REWARDS.build(dict(type='ExactMatchReward'))).__name__ == 'ExactMatchReward'
+
+
+def test_shipped_leaves_out_what_a_plugin_module_registered():
+    """A plugin imported anywhere in the process registers into the package's registries;
+    the conformance tests list ``shipped(...)`` so their verdict does not depend on which
+    tests ran before them (run in a fresh interpreter so this test registers nothing here)."""
+    code = textwrap.dedent('''
+        from gepo_xtuner.registry import ADVANTAGES, ROLLOUT_BACKENDS, shipped
+        before = {r: set(shipped(r)) for r in (ADVANTAGES, ROLLOUT_BACKENDS)}
+        import tests.test_engine.plugins
+        assert 'RecordingRolloutBackend' in ROLLOUT_BACKENDS.module_dict
+        assert 'QuartileBandShaper' in ADVANTAGES.module_dict
+        assert {r: set(shipped(r)) for r in (ADVANTAGES, ROLLOUT_BACKENDS)} == before
+        assert 'GEPOAdvantage' in before[ADVANTAGES]
+    ''')
+    proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

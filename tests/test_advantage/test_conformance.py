@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gepo_xtuner.advantage import AdvantageEstimator, AdvantageOutput, AdvantageShaper
-from gepo_xtuner.registry import ADVANTAGES
+from gepo_xtuner.registry import ADVANTAGES, shipped
 
-NAMES = sorted(ADVANTAGES.module_dict)
+NAMES = sorted(shipped(ADVANTAGES))
 ESTIMATORS = [n for n in NAMES if issubclass(ADVANTAGES.get(n), AdvantageEstimator)]
 SHAPERS = [n for n in NAMES if issubclass(ADVANTAGES.get(n), AdvantageShaper)]
 

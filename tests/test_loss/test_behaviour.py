@@ -11,7 +11,7 @@ import torch
 
 from gepo_xtuner.loss import BehaviourCorrection, PPOClipLoss, behaviour_weights
 from gepo_xtuner.loss.cispo import CISPOLoss
-from gepo_xtuner.registry import POLICY_LOSSES
+from gepo_xtuner.registry import POLICY_LOSSES, shipped
 
 # Row 0: A = +1, three tokens. Row 1: A = -2, two tokens and one padding column.
 THETA = [[0.5, 0.7, 0.3], [0.2, 0.9, math.nan]]   # pi_theta(y_t)
@@ -126,7 +126,7 @@ def test_equal_logprobs_give_weight_exactly_one():
 
 
 @pytest.mark.parametrize('agg', ['token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum-norm'])
-@pytest.mark.parametrize('name', sorted(POLICY_LOSSES.module_dict))
+@pytest.mark.parametrize('name', sorted(shipped(POLICY_LOSSES)))
 def test_truncate_with_behaviour_equal_to_prox_is_the_uncorrected_loss(name, agg):
     """w = exp(0) = 1 and 1 * l = l: loss, metrics and gradient bit for bit (float32)."""
     gen = torch.Generator().manual_seed(3)

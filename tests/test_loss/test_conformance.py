@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gepo_xtuner.loss import PolicyLoss
-from gepo_xtuner.registry import POLICY_LOSSES
+from gepo_xtuner.registry import POLICY_LOSSES, shipped
 
-NAMES = sorted(POLICY_LOSSES.module_dict)
+NAMES = sorted(shipped(POLICY_LOSSES))
 # A covariance selection depends on the tokens of one call, so those losses are split-exact
 # only where the selection is (all candidates selected, or none)
 SPLIT_ARGS = {'ClipCovLoss': dict(clip_cov_ratio=0.0, clip_cov_lb=1e9, clip_cov_ub=2e9),

@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from gepo_xtuner.registry import REWARDS
+from gepo_xtuner.registry import REWARDS, shipped
 from gepo_xtuner.reward import RewardRouter
 from gepo_xtuner.reward.base import Reward
 
-NAMES = sorted(REWARDS.module_dict)
+NAMES = sorted(shipped(REWARDS))
 EXAMPLES = {
     'ExactMatchReward': (dict(answer='42'), '42', '41'),
     'MathReward': (dict(answer='Natalia sold 48 + 24 = 72 clips.\n#### 72'), r'\boxed{72}',

@@ -9,7 +9,7 @@ added to ``MAKERS`` or this test fails.
 import pytest
 
 from gepo_xtuner.testbed.tiny import EOS_ID
-from gepo_xtuner.registry import ROLLOUT_BACKENDS
+from gepo_xtuner.registry import ROLLOUT_BACKENDS, shipped
 from gepo_xtuner.rollout import RolloutBackend, RolloutRequest, SamplingParams
 
 from .conftest import load_policy
@@ -30,7 +30,7 @@ MAKERS = {'HFRolloutBackend': hf, 'LMDeployRolloutBackend': lmdeploy}
 
 
 def test_every_registered_backend_is_checked():
-    assert set(ROLLOUT_BACKENDS.module_dict) == set(MAKERS)
+    assert set(shipped(ROLLOUT_BACKENDS)) == set(MAKERS)
 
 
 @pytest.mark.parametrize('name', sorted(MAKERS))
