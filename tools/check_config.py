@@ -383,6 +383,7 @@ class Checker:
                 check_group_size(processor, loop.num_responses)
             except ValueError as exc:
                 self.problem('train_cfg', str(exc))
+        params = None
         try:
             params = SamplingParams(**dict(loop.get('sampling') or {}),
                                     n=loop.num_responses)
@@ -429,6 +430,15 @@ class Checker:
                                  f'{staleness} needs a rollout backend that generates while '
                                  f'the trainer updates: {refusal}')
                 self.rows['rollout'] += f'; generation one batch ahead (max_staleness {staleness})'
+            if params is not None and staleness in (0, 1):  # the loop's own check
+                from gepo_xtuner.engine.update import (behaviour_refusal,
+                                                       resolve_behaviour_correction)
+                refusal = behaviour_refusal(
+                    rollout.logprob_temperature(params), params,
+                    resolve_behaviour_correction(loop.behaviour_correction, staleness),
+                    loop.entropy_logprobs)
+                if refusal is not None:
+                    self.problem('train_cfg.behaviour_correction', refusal)
             rollout.close()
             self.check_sync_address(loop.rollout)
         from gepo_xtuner.registry import REWARDS

@@ -338,9 +338,14 @@ class _Bound(HealthCheck):
         self.patience = _count(f'{self.alarm}.patience', patience)
         self.above = 0
 
+    def reads(self, row: Row) -> bool:
+        """Whether ``row`` measures what the alarm is about (a row that does not leaves
+        the count as it was)."""
+        return True
+
     def observe(self, step: int, row: Row) -> list[Finding]:
         value = row.get(self.metric)
-        if value is None or not math.isfinite(value):
+        if value is None or not math.isfinite(value) or not self.reads(row):
             return []
         self.above = self.above + 1 if value > self.bound else 0
         if self.above < self.patience:
@@ -352,6 +357,12 @@ class _Bound(HealthCheck):
 
 class LogprobMismatch(_Bound):
     """``rollout/logprob_abs_diff`` (mean |logprob trainer - rollout| per token) too high.
+
+    Only steps whose batch was sampled with the weights being trained count: with
+    generation ahead of the update (``rollout/staleness`` > 0) the gap also holds one
+    update's change of the policy, which is intended (the off-policy weight corrects for
+    it; ``offpolicy/*`` and ``loss/clipfrac`` watch its size), not an engine/trainer
+    disagreement.
 
     Args:
         bound: nats per token (default 0.1).
@@ -366,6 +377,9 @@ class LogprobMismatch(_Bound):
 
     def __init__(self, bound: float = 0.1, patience: int = 3) -> None:
         super().__init__(bound, patience)
+
+    def reads(self, row: Row) -> bool:
+        return not row.get('rollout/staleness_max', 0.0)
 
 
 class ClipFraction(_Bound):

@@ -132,6 +132,9 @@ class RunHealthHook(Hook):
         return metrics
 
     def _stop(self, runner) -> None:
+        prepare = getattr(runner.train_loop, 'prepare_checkpoint', None)
+        if prepare is not None:  # every rank: e.g. the batches generated ahead
+            prepare()
         saver = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
         if saver is not None:
             saver._save_checkpoint(runner)  # its file name, backend and bookkeeping

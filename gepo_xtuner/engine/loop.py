@@ -29,10 +29,11 @@ from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
 from .overlap import RolloutAhead, ahead_seed
 from .prompt_encoding import check_policy_inputs, encode_request
-from .run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
-                        restore_processor_state, resume_streams, run_settings, saved_rank_entry)
-from .update import (NoSignalWatch, UpdateSettings, check_training_sampling, entropy_metrics,
-                     ppo_update)
+from .run_state import (capture_rng, checkpoint_due, describe_changes, gather_rank_states,
+                        isolated_rng, restore_processor_state, resume_streams, run_settings,
+                        saved_rank_entry)
+from .update import (NoSignalWatch, UpdateSettings, behaviour_refusal, check_training_sampling,
+                     entropy_metrics, ppo_update, resolve_behaviour_correction)
 from .update import old_logprobs as old_logprobs_of
 from .validation import Validator
 
@@ -110,12 +111,17 @@ class RLTrainLoop(BaseLoop):
             recomputed (proximal) old policy and the policy that sampled (behaviour):
             ``'none'``, ``'truncate'`` (``min(w, cap)``) or ``'mask'`` (tokens with ``w``
             outside ``[1/cap, cap]`` leave the loss); ``'auto'`` (default): ``'truncate'``
-            when ``max_staleness >= 1``, else ``'none'`` (weight exactly 1).
-        entropy_logprobs: which logprobs give a group's entropy to the advantage
-            processor (GEPO's band): ``'proximal'`` (default; the recomputed old
-            logprobs, the policy being shaped) or ``'behaviour'`` (the rollout engine's,
-            the policy that sampled). The same with ``max_staleness = 0`` up to the
-            engine/trainer mismatch; see ``docs/training.md``.
+            when ``max_staleness >= 1``, else ``'none'`` (weight exactly 1). Needs the
+            rollout's logprobs at the sampling temperature
+            (:func:`~gepo_xtuner.engine.update.behaviour_refusal`).
+        entropy_logprobs: which sampled-token logprobs the advantage processor gets
+            (``AdvantageInputs.logprobs``: GEPO's group entropy, the group's mean negative
+            logprob, and so its band): ``'proximal'`` (default; the recomputed
+            old logprobs, the policy being shaped) or ``'behaviour'`` (the rollout
+            engine's, the policy that sampled). The full-vocabulary entropies
+            (``AdvantageInputs.entropies``, e.g. AEPO's) are always the proximal
+            policy's: the engine reports none. The same with ``max_staleness = 0`` up to
+            the engine/trainer mismatch; see ``docs/training.md``.
         **unknown: keys the loop does not take: refused by :meth:`check_keys`, with
             the key that replaced a renamed one, or the closest accepted key.
     """
@@ -145,8 +151,7 @@ class RLTrainLoop(BaseLoop):
         if entropy_logprobs not in ('proximal', 'behaviour'):
             raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
                              f'got {entropy_logprobs!r}')
-        if behaviour_correction == 'auto':
-            behaviour_correction = 'truncate' if max_staleness else 'none'
+        behaviour_correction = resolve_behaviour_correction(behaviour_correction, max_staleness)
         self.max_staleness, self.entropy_logprobs = max_staleness, entropy_logprobs
         # checked now, completed with the sampling temperature and the length cap in run()
         self.update_settings = UpdateSettings(
@@ -179,7 +184,15 @@ class RLTrainLoop(BaseLoop):
                              f'generate while the trainer updates: {refusal}')
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
-        check_training_sampling(SamplingParams(**{**self._sampling_cfg, 'stop_token_ids': ()}))
+        params = SamplingParams(**{**self._sampling_cfg, 'stop_token_ids': ()})
+        check_training_sampling(params)
+        lp_temperature = self.rollout.logprob_temperature(params)
+        refusal = behaviour_refusal(lp_temperature, params, behaviour_correction,
+                                    entropy_logprobs)
+        if refusal is not None:
+            raise ValueError(refusal)
+        # the rollout's logprobs under the trainer's distribution? (else no logprob gap metric)
+        self._rollout_comparable = lp_temperature == params.temperature
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None
@@ -322,6 +335,9 @@ class RLTrainLoop(BaseLoop):
         :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
+        mine = ranks[dist_rank()] if dist_rank() < len(ranks) else {}
+        if self.ahead is not None and 'rollout_ahead' not in mine:  # saved off schedule
+            mine['rollout_ahead'] = self.ahead.state_dict()  # this process's own, at least
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
                                      settings=dict(self.settings))
         if self.advantage_state is not None:
@@ -330,12 +346,28 @@ class RLTrainLoop(BaseLoop):
         return state
 
     def _rank_state(self) -> dict[str, Any]:
-        """This rank's part of the run state (see :meth:`state_dict`)."""
-        state = dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
-                     rollout=self.rollout.state_dict())
-        if self.ahead is not None:  # the batch generated ahead (its weights are gone)
-            state['rollout_ahead'] = self.ahead.state_dict()
-        return state
+        """This rank's part of the run state (see :meth:`state_dict`), without the batch
+        generated ahead (:meth:`prepare_checkpoint` adds it)."""
+        return dict(rng=capture_rng(), policy_loss=self.policy.policy_loss.state_dict(),
+                    rollout=self.rollout.state_dict())
+
+    def prepare_checkpoint(self) -> None:
+        """Gathers every rank's batch generated ahead into the run state, for a checkpoint
+        saved at the end of this step (its weights are gone, so it is saved as samples).
+
+        At a few kilobytes per rank the rest of the run state is gathered every step;
+        a batch ahead is the step's whole set of responses (token ids and logprobs), so
+        the loop gathers it only at the steps the runner's ``CheckpointHook`` saves at.
+        A collective: a hook that saves a checkpoint off that schedule calls it on every
+        rank first (as the run-health hook's ``action='stop'`` does). Without it, a
+        checkpoint holds the batch ahead of the saving rank only; the other ranks then
+        generate their batch again on resume (with a warning).
+        """
+        if self.ahead is None or self._rank_states is None:
+            return
+        for entry, batch in zip(self._rank_states, gather_rank_states(self.ahead.state_dict())):
+            entry['rollout_ahead'] = batch
+
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
@@ -354,6 +386,12 @@ class RLTrainLoop(BaseLoop):
             self.rollout.load_state_dict(entry['rollout'])
         if self.ahead is not None and entry is not None:
             self.ahead.load_state_dict(entry.get('rollout_ahead'))
+            if entry.get('rollout_ahead') is None and state.get('settings', {}).get(
+                    'max_staleness'):
+                print_log('the checkpoint holds no batch generated ahead for this rank: the '
+                          'next step\'s responses are generated now with the checkpoint\'s '
+                          'weights (the uninterrupted run sampled them one version earlier)',
+                          logger='current', level=logging.WARNING)
         for line in ([warning] if warning else []) + [
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
@@ -399,7 +437,12 @@ class RLTrainLoop(BaseLoop):
         if self.ahead is None:
             samples = self.rollout.generate(requests, self.sampling)
         else:
-            pending = self.ahead.take(self._iter, [r['id'] for r in records])
+            pending, dropped = self.ahead.take(self._iter, [r['id'] for r in records],
+                                               self.sampling)
+            if dropped:
+                print_log(f'the batch generated ahead for step {self._iter + 1} (from the '
+                          f'checkpoint) is dropped and generated now: {dropped}',
+                          logger='current', level=logging.WARNING)
             if pending is None:  # the first step, or resumed without a batch ahead
                 start = time.perf_counter()
                 samples = self.rollout.generate(requests, self._seeded(self._iter))
@@ -449,7 +492,8 @@ class RLTrainLoop(BaseLoop):
         if adv.band is not None:  # any shaper's band, under one name: console and figure
             metrics.update({BAND_KEYS[0]: adv.band.low, BAND_KEYS[1]: adv.band.high})
         self.no_signal.observe(adv.advantages, metrics)
-        metrics.update(entropy_metrics(batch, old_logprobs, entropy, domain_ids, names))
+        metrics.update(entropy_metrics(batch, old_logprobs, entropy, domain_ids, names,
+                                       self._rollout_comparable))
         return old_logprobs, adv
 
     def end_step(self, rollouts: Rollouts, metrics: dict[str, float],
@@ -483,6 +527,8 @@ class RLTrainLoop(BaseLoop):
         self.step_metrics = metrics
         # every rank's streams as of the end of this step, for a checkpoint saved now
         self._rank_states = gather_rank_states(self._rank_state())
+        if self.ahead is not None and checkpoint_due(self.runner, self._max_iters):
+            self.prepare_checkpoint()
         self.runner.call_hook('after_train_iter', batch_idx=self._iter,
                               data_batch=rollouts.records, outputs=metrics)
         self._iter += 1

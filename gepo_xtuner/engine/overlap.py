@@ -19,7 +19,7 @@ are not in the checkpoint; a resumed run trains on exactly those responses.
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,7 +27,15 @@ import torch
 from ..rollout import RolloutRequest, SamplingParams
 from ..rollout.base import RolloutBackend, RolloutSample
 
-__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed']
+__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'sampling_signature']
+
+
+def sampling_signature(params: SamplingParams) -> dict[str, Any]:
+    """What of ``params`` a batch generated ahead must share with the step that takes
+    it (the per-step seed aside): K, the distribution and the length cap."""
+    return dict(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k, max_new_tokens=params.max_new_tokens,
+                stop_token_ids=list(params.stop_token_ids))
 
 
 def ahead_seed(seed: int | None, rank: int, step: int) -> int:
@@ -46,6 +54,8 @@ class PendingRollouts:
         prompt_ids: the records' ``id`` fields, checked against the step's records.
         samples: ``samples[i][j]``, the j-th response to prompt i.
         seconds: wall time of the generation.
+        sampling: :func:`sampling_signature` of the parameters it was sampled with
+            (None in checkpoints written before it was recorded).
     """
 
     step: int
@@ -53,11 +63,27 @@ class PendingRollouts:
     prompt_ids: list[Any]
     samples: list[list[RolloutSample]]
     seconds: float
+    sampling: dict[str, Any] | None = field(default=None)
+
+    def mismatch(self, step: int, prompt_ids: list[Any], params: SamplingParams) -> str | None:
+        """Why this batch cannot be step ``step``'s (``prompt_ids``, ``params``), or None."""
+        if self.step != step:
+            return f'it was generated for step {self.step + 1}, not {step + 1}'
+        if self.prompt_ids != list(prompt_ids):
+            return (f'it answers prompts {self.prompt_ids[:4]}..., but this rank draws '
+                    f'{list(prompt_ids)[:4]}... (a changed world size, batch size, dataset '
+                    'or data order)')
+        if self.sampling is not None and self.sampling != sampling_signature(params):
+            changed = {k: (v, sampling_signature(params)[k]) for k, v in self.sampling.items()
+                       if v != sampling_signature(params)[k]}
+            return ', '.join(f'sampling.{k} was {old!r}, is {new!r}'
+                             for k, (old, new) in changed.items())
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Compact form for a checkpoint: token ids int32 and logprobs float32 tensors."""
         return dict(step=self.step, version=self.version, prompt_ids=list(self.prompt_ids),
-                    seconds=self.seconds,
+                    seconds=self.seconds, sampling=self.sampling,
                     samples=[[(torch.tensor(s.response_ids, dtype=torch.int32),
                                torch.tensor(s.logprobs, dtype=torch.float32), s.finish_reason)
                               for s in group] for group in self.samples])
@@ -67,7 +93,7 @@ class PendingRollouts:
         samples = [[RolloutSample(ids.tolist(), lps.tolist(), finish, state['version'])
                     for ids, lps, finish in group] for group in state['samples']]
         return cls(state['step'], state['version'], list(state['prompt_ids']), samples,
-                   float(state['seconds']))
+                   float(state['seconds']), state.get('sampling'))
 
 
 class RolloutAhead:
@@ -96,9 +122,17 @@ class RolloutAhead:
         """Starts generating step ``step``'s batch with the engine's current weights."""
         if self._thread is not None or self.pending is not None:
             raise RuntimeError('RolloutAhead.launch: a batch is already ahead')
-        job: dict[str, Any] = dict(step=step, version=version, prompt_ids=prompt_ids)
+        job: dict[str, Any] = dict(step=step, version=version, prompt_ids=prompt_ids,
+                                   sampling=sampling_signature(params))
+
+        # the main thread's CUDA device (the current device is per thread; a rank's
+        # worker must not launch on cuda:0)
+        device = (torch.cuda.current_device()
+                  if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
 
         def work() -> None:
+            if device is not None:
+                torch.cuda.set_device(device)
             start = time.perf_counter()
             try:
                 job['samples'] = self.backend.generate(requests, params)
@@ -127,26 +161,25 @@ class RolloutAhead:
             for sample in group:
                 sample.weight_version = job['version']
         self.pending = PendingRollouts(job['step'], job['version'], job['prompt_ids'],
-                                       job['samples'], job['seconds'])
+                                       job['samples'], job['seconds'], job['sampling'])
 
-    def take(self, step: int, prompt_ids: list[Any]) -> PendingRollouts | None:
-        """The batch made ahead for ``step`` (after :meth:`wait`), or None if there is none.
+    def take(self, step: int, prompt_ids: list[Any], params: SamplingParams
+             ) -> tuple[PendingRollouts | None, str | None]:
+        """The batch made ahead for ``step`` (after :meth:`wait`), or None.
 
-        Raises:
-            RuntimeError: the batch ahead is for another step or other prompts (a resumed
-                run whose data changed).
+        A batch that does not fit the step (one restored from a checkpoint written under
+        another world size, batch size, dataset or sampling) is dropped: the step's
+        responses are then generated now, and the reason is returned for the log.
+
+        Returns:
+            ``(batch or None, why a batch was dropped or None)``.
         """
         self.wait()
         pending, self.pending = self.pending, None
         if pending is None:
-            return None
-        if pending.step != step or pending.prompt_ids != list(prompt_ids):
-            raise RuntimeError(
-                f'the batch generated ahead is for step {pending.step + 1} and prompts '
-                f'{pending.prompt_ids[:4]}..., but step {step + 1} draws {list(prompt_ids)[:4]}'
-                '...: the checkpoint and the data do not match (was the dataset or its order '
-                'changed since the checkpoint?)')
-        return pending
+            return None, None
+        reason = pending.mismatch(step, prompt_ids, params)
+        return (None, reason) if reason else (pending, None)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The pending batch (the worker is joined first), or None."""

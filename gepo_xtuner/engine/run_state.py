@@ -5,7 +5,8 @@ shuffles, a policy loss's generator), and ranks consume different numbers of dra
 (responses of different lengths, different kept rows), so the streams part after the
 first step. A checkpoint therefore holds one entry per rank, gathered to rank 0 at
 the end of every step (:func:`gather_rank_states`: one ``all_gather_object`` of a
-few kilobytes per rank) and written with the rest of the checkpoint, in the same
+few kilobytes per rank; a batch generated ahead, much larger, only at checkpoint
+steps: ``RLTrainLoop.prepare_checkpoint``) and written with the rest of the checkpoint, in the same
 atomic file (mmengine) or the same client state (DeepSpeed). On ``--resume`` rank
 ``r`` restores entry ``r`` (:func:`rank_entry`).
 
@@ -24,12 +25,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
 
 from ..ops.distributed import dist_rank, dist_world_size
 
-__all__ = ['capture_rng', 'describe_changes', 'gather_rank_states', 'isolated_rng',
-           'rank_entry', 'restore_processor_state', 'restore_rng', 'resume_streams',
+__all__ = ['capture_rng', 'checkpoint_due', 'describe_changes', 'gather_rank_states',
+           'isolated_rng', 'rank_entry', 'restore_processor_state', 'restore_rng', 'resume_streams',
            'run_settings', 'saved_rank_entry', 'seed_streams']
 
 
@@ -72,6 +74,21 @@ def gather_rank_states(mine: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, mine)
     return out
+
+
+def checkpoint_due(runner: Any, max_steps: int) -> bool:
+    """Whether the runner's ``CheckpointHook`` saves at the end of the current step
+    (``runner.iter``, 0-based, not yet advanced), by the hook's own rule: every
+    ``interval`` iterations from ``save_begin``, and the last with ``save_last``; by
+    epoch, when the run's one epoch ends with its last step."""
+    for hook in runner.hooks:
+        if isinstance(hook, CheckpointHook):
+            last = runner.iter + 1 == max_steps
+            if hook.by_epoch:
+                return last
+            return bool(hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
+                        or (hook.save_last and last))
+    return False
 
 
 def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:

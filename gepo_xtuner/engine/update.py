@@ -33,7 +33,8 @@ from .batching import (KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, 
 from .optim_step import optimizer_step, prime_gradient_buckets
 
 __all__ = ['UpdateSettings', 'old_logprobs', 'ppo_update', 'MicroBatchStats', 'entropy_metrics',
-           'NoSignalWatch', 'check_training_sampling']
+           'behaviour_refusal', 'resolve_behaviour_correction', 'NoSignalWatch',
+           'check_training_sampling']
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,8 @@ class MicroBatchStats:
 
 
 def entropy_metrics(batch: ResponseBatch, old_logprobs: Tensor, entropy: Tensor,
-                    domain_ids: Tensor, names: list[str]) -> dict[str, float]:
+                    domain_ids: Tensor, names: list[str], rollout_comparable: bool = True
+                    ) -> dict[str, float]:
     """The policy's mean full-vocabulary entropy per response (overall and per domain) and
     the mean gap between the trainer's and the rollout's logprobs.
 
@@ -343,6 +345,10 @@ def entropy_metrics(batch: ResponseBatch, old_logprobs: Tensor, entropy: Tensor,
         old_logprobs, entropy: ``(N, R)`` from :func:`old_logprobs`.
         domain_ids: ``(N,)`` long, index into ``names``.
         names: the step's domains.
+        rollout_comparable: whether the rollout's logprobs are under the distribution the
+            trainer scores (the backend's logprob temperature is the sampling one); when
+            not, ``rollout/logprob_abs_diff`` would measure the temperature, not a drift,
+            and is left out.
 
     Returns:
         ``entropy/policy``, ``entropy/policy/<domain>``, ``rollout/logprob_abs_diff``.
@@ -350,10 +356,11 @@ def entropy_metrics(batch: ResponseBatch, old_logprobs: Tensor, entropy: Tensor,
     mask = batch.response_mask
     tokens = mask.sum(1).clamp_min(1)
     per_seq = torch.where(mask, entropy, 0).sum(1) / tokens
-    metrics = {'entropy/policy': float(per_seq.mean()),
-               'rollout/logprob_abs_diff': float(
-                   torch.where(mask, (old_logprobs - batch.rollout_logprobs).abs(), 0).sum()
-                   / mask.sum().clamp_min(1))}
+    metrics = {'entropy/policy': float(per_seq.mean())}
+    if rollout_comparable:
+        metrics['rollout/logprob_abs_diff'] = float(
+            torch.where(mask, (old_logprobs - batch.rollout_logprobs).abs(), 0).sum()
+            / mask.sum().clamp_min(1))
     for d, name in enumerate(names):
         metrics[f'entropy/policy/{name}'] = float(per_seq[domain_ids == d].mean())
     return metrics
@@ -385,6 +392,52 @@ class NoSignalWatch:
                 'policy (tools/evaluate.py on a few records), or raise num_responses, the '
                 'sampling temperature, or use easier prompts / a warm-started model',
                 logger='current', level=logging.WARNING)
+
+
+def resolve_behaviour_correction(correction: str, max_staleness: int) -> str:
+    """``train_cfg.behaviour_correction`` as the loss takes it: ``'auto'`` is
+    ``'truncate'`` when generation runs ahead (``max_staleness >= 1``), else ``'none'``."""
+    if correction == 'auto':
+        return 'truncate' if max_staleness else 'none'
+    return correction
+
+
+def behaviour_refusal(logprob_temperature: float, params: SamplingParams, correction: str,
+                      entropy_logprobs: str) -> str | None:
+    """Why the rollout's logprobs cannot be used as the sampling policy's, or None.
+
+    The behaviour logprobs of a response are ``log softmax(z / tau)`` at the sampled
+    tokens, with the behaviour weights' logits ``z`` and the sampling temperature
+    ``tau``. A backend that reports them at another temperature ``t`` (LMDeploy's raw
+    logprobs: ``t = 1``) gives ``z_y / t - logsumexp(z / t)``; the tempered value needs
+    ``logsumexp(z / tau)`` over the whole vocabulary under the weights that sampled,
+    which nobody holds any more: there is no rescaling. So with ``t != tau`` the
+    importance weight ``exp(proximal - behaviour)`` and a group entropy from behaviour
+    logprobs would be those of another distribution, and are refused.
+
+    Args:
+        logprob_temperature: ``t``, from the backend's ``logprob_temperature(params)``.
+        params: the training sampling (``tau = params.temperature``).
+        correction: the resolved ``train_cfg.behaviour_correction``.
+        entropy_logprobs: ``train_cfg.entropy_logprobs``.
+
+    Returns:
+        None when ``t == tau`` or nothing reads the rollout's logprobs as the sampling
+        policy's; else the reason, naming the settings that avoid it.
+    """
+    if logprob_temperature == params.temperature:
+        return None
+    uses = ([f"train_cfg.behaviour_correction='{correction}'"] if correction != 'none' else []) + (
+        ["train_cfg.entropy_logprobs='behaviour'"] if entropy_logprobs == 'behaviour' else [])
+    if not uses:
+        return None
+    return (f'{" and ".join(uses)} read(s) the rollout\'s logprobs as those of the sampling '
+            f'distribution softmax(logits / {params.temperature:g}), but the rollout backend '
+            f'reports them at temperature {logprob_temperature:g} (LMDeploy returns raw logprobs, '
+            'before the temperature) and they cannot be rescaled; sample at '
+            f'train_cfg.sampling.temperature={logprob_temperature:g}, or set '
+            "behaviour_correction='none' (train on responses one version old without a weight) "
+            "and entropy_logprobs='proximal'")
 
 
 def check_training_sampling(params: SamplingParams) -> None:

@@ -92,9 +92,12 @@ class RolloutSample:
 
     Attributes:
         response_ids: generated token ids, including the stop token if one ended it.
-        logprobs: per response token, the log-probability under the sampling
-            policy of the raw (temperature-1, unfiltered) distribution, like
-            LMDeploy's ``raw_logprobs`` mode.
+        logprobs: per response token, its log-probability under the sampling
+            policy's ``softmax(logits / t)``, where ``t`` is the backend's
+            :meth:`RolloutBackend.logprob_temperature`: the sampling temperature for a
+            backend that reports the distribution it sampled from (the in-process
+            backend), 1 for one that reports the raw model's (LMDeploy's
+            ``raw_logprobs`` mode). Never top-p / top-k filtered.
         finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap).
         weight_version: the trainer's weight version the response was sampled with
             (RL steps whose update the rollout engine held), set by the RL loop; None
@@ -148,6 +151,20 @@ class RolloutBackend(abc.ABC):
 
     def update_weights(self, model: nn.Module) -> None:
         """Makes the backend sample from ``model``'s current weights (every rank calls it)."""
+
+    def logprob_temperature(self, params: SamplingParams) -> float:
+        """The temperature ``t`` of the distribution ``softmax(logits / t)`` whose
+        log-probabilities :meth:`generate` returns for ``params``.
+
+        The trainer scores responses under ``softmax(logits / params.temperature)``
+        (the distribution sampled); where ``t`` differs, the rollout's logprobs are not
+        the sampling policy's and cannot serve as behaviour logprobs (off-policy
+        correction, ``entropy_logprobs='behaviour'``) or be compared with the trainer's
+        (``rollout/logprob_abs_diff``): see :func:`~gepo_xtuner.engine.update.behaviour_refusal`.
+        The default is the sampling temperature (1 for greedy decoding, whose logits
+        are not divided).
+        """
+        return params.temperature if params.temperature > 0 else 1.0
 
     def overlap_refusal(self) -> str | None:
         """Why this backend cannot generate on a background thread while the trainer

@@ -232,3 +232,22 @@ def test_the_colocated_lmdeploy_mode_refuses_to_overlap(tiny_dir, tmp_path):
     assert proc.returncode != 0
     assert 'max_staleness >= 1 needs a rollout backend that can generate while the trainer ' \
            "updates: weight_sync mode 'ipc' with sleep_wake=True" in out, out[-3000:]
+
+
+def test_a_correction_from_raw_server_logprobs_at_another_temperature_is_refused(
+        tiny_dir, tmp_path):
+    """LMDeploy's logprobs are raw (temperature 1); sampled at 0.7, the behaviour weight
+    would compare two distributions, so the loop refuses before it starts (and says which
+    settings avoid it)."""
+    cfg = write_config(tmp_path, extra="""
+        train_cfg = dict(max_staleness=1, sampling=dict(temperature=0.7), rollout=dict(
+            _delete_=True, type='LMDeployRolloutBackend', server_url='http://127.0.0.1:9',
+            weight_sync=dict(mode='none')))
+    """)
+    proc = train(cfg, tmp_path / 'run', tiny_dir, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert ("train_cfg.behaviour_correction='truncate' read(s) the rollout's logprobs as those "
+            'of the sampling distribution softmax(logits / 0.7), but the rollout backend '
+            'reports them at temperature 1') in out, out[-3000:]
+    assert not (tmp_path / 'run' / 'iter_1.pth').exists()

@@ -7,6 +7,7 @@ added to ``MAKERS`` or this test fails.
 """
 
 import pytest
+import torch
 
 from gepo_xtuner.testbed.tiny import EOS_ID
 from gepo_xtuner.registry import ROLLOUT_BACKENDS, shipped
@@ -62,3 +63,27 @@ def test_contract(name, real_server, tiny_model_dir):
     assert fresh.state_dict() == state
     backend.close()
     fresh.close()
+
+
+@pytest.mark.parametrize('name', sorted(MAKERS))
+def test_logprobs_are_at_the_declared_temperature(name, real_server, tiny_model_dir):
+    """Sampled at temperature 0.7, a backend's logprobs are ``log_softmax(logits / t)`` of
+    the teacher-forced policy with the ``t`` its ``logprob_temperature`` declares (the RL
+    loop refuses off-policy corrections where ``t`` is not the sampling temperature)."""
+    backend = MAKERS[name](real_server, tiny_model_dir)
+    model, tok = load_policy(tiny_model_dir)
+    backend.attach(model, tok)
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=6, stop_token_ids=(EOS_ID, ))
+    declared = backend.logprob_temperature(params)
+    groups = backend.generate([RolloutRequest(list(p)) for p in PROMPTS[:2]], params)
+    backend.close()
+    for prompt, group in zip(PROMPTS, groups):
+        for s in group:
+            ids = torch.tensor([prompt + s.response_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+            for t in (declared, 1.0 if declared != 1.0 else 0.7):
+                expected = torch.log_softmax(logits / t, -1).gather(
+                    -1, ids[0, len(prompt):, None])[:, 0]
+                close = torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0)
+                assert close == (t == declared), (name, t, declared)

@@ -414,6 +414,19 @@ def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations)
                  env=dict(locations, GEPO_LMDEPLOY_URL='http://node7:23333', MASTER_ADDR='node1'))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert 'generation one batch ahead (max_staleness 1)' in proc.stdout
+    # the server's logprobs are raw (temperature 1): no correction for another temperature
+    server = dict(locations, GEPO_LMDEPLOY_URL='http://node7:23333', MASTER_ADDR='node1')
+    proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1',
+                 'train_cfg.sampling.temperature=0.7', env=server)
+    assert proc.returncode == 1
+    assert ("train_cfg.behaviour_correction: train_cfg.behaviour_correction='truncate' "
+            "read(s) the rollout's logprobs as those of the sampling distribution "
+            'softmax(logits / 0.7), but the rollout backend reports them at temperature 1'
+            ) in proc.stdout
+    proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1',
+                 'train_cfg.sampling.temperature=0.7', 'train_cfg.behaviour_correction=none',
+                 env=server)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
                  'train_cfg.max_staleness=2', env=locations)
     assert proc.returncode == 1 and 'train_cfg.max_staleness: must be 0 or 1, got 2' in proc.stdout

@@ -353,6 +353,11 @@ class LMDeployRolloutBackend(RolloutBackend):
         if self.server is not None:
             self.server.close()
 
+    def logprob_temperature(self, params: SamplingParams) -> float:
+        """1: the server runs with ``--logprobs-mode raw_logprobs`` and returns
+        ``log_softmax`` of the raw logits, before the sampling temperature."""
+        return 1.0
+
     def overlap_refusal(self) -> str | None:
         """Servers generate while the trainer updates, except in the colocated mode: with
         ``sleep_wake`` the server sleeps on the trainer's GPU during the update (and

@@ -1,0 +1,45 @@
+"""A batch generated ahead and restored from a checkpoint is trained on only by the step,
+prompts and sampling it was made for; otherwise it is dropped and the step generates."""
+
+from dataclasses import replace
+
+from gepo_xtuner.engine.overlap import PendingRollouts, RolloutAhead, sampling_signature
+from gepo_xtuner.rollout import RolloutSample, SamplingParams
+
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, stop_token_ids=(2, ))
+
+
+def saved(params: SamplingParams = PARAMS) -> dict:
+    samples = [[RolloutSample([5, 6, 2], [-0.5, -0.25, -1.0], 'stop', 3),
+                RolloutSample([7] * 8, [-0.125] * 8, 'length', 3)]]
+    return PendingRollouts(4, 3, ['p0'], samples, 1.5, sampling_signature(params)).state_dict()
+
+
+def take(state: dict, step: int = 4, ids=('p0', ), params: SamplingParams = PARAMS):
+    ahead = RolloutAhead(backend=None)  # take() never calls the backend
+    ahead.load_state_dict(state)
+    return ahead.take(step, list(ids), params)
+
+
+def test_the_batch_made_for_the_step_round_trips_exactly():
+    pending, dropped = take(saved())
+    assert dropped is None and pending.version == 3 and pending.seconds == 1.5
+    assert [(s.response_ids, s.logprobs, s.finish_reason, s.weight_version)
+            for s in pending.samples[0]] == [([5, 6, 2], [-0.5, -0.25, -1.0], 'stop', 3),
+                                             ([7] * 8, [-0.125] * 8, 'length', 3)]
+
+
+def test_another_step_prompts_or_sampling_drop_it_with_the_reason():
+    assert take(saved(), step=5) == (None, 'it was generated for step 5, not 6')
+    pending, why = take(saved(), ids=('p9', ))
+    assert pending is None and "answers prompts ['p0']..., but this rank draws ['p9']" in why
+    pending, why = take(saved(), params=replace(PARAMS, temperature=0.7, n=4))
+    assert pending is None and why == 'sampling.n was 2, is 4, sampling.temperature was 1.0, is 0.7'
+    # the seed is the step's own, not part of what must match
+    assert take(saved(), params=replace(PARAMS, seed=123))[0] is not None
+
+
+def test_a_checkpoint_without_the_sampling_record_is_taken_as_before():
+    state = saved()
+    del state['sampling']
+    assert take(state, params=replace(PARAMS, temperature=0.7))[0] is not None
