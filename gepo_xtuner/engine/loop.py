@@ -291,8 +291,13 @@ class RLTrainLoop(BaseLoop):
             self._log_validation(0, metrics)
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
-        while self._iter < self._max_iters and not self.stop_training:
-            self.run_iter(self._draw())
+        try:
+            while self._iter < self._max_iters and not self.stop_training:
+                self.run_iter(self._draw())
+        except BaseException:
+            if self.ahead is not None:  # no generation left running behind the error
+                self.ahead.discard()
+            raise
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched

@@ -181,6 +181,13 @@ class RolloutAhead:
         reason = pending.mismatch(step, prompt_ids, params)
         return (None, reason) if reason else (pending, None)
 
+    def discard(self) -> None:
+        """Joins a running worker and drops its batch and any error (the step that would
+        take it failed): no generation is left running behind an exception."""
+        if self._thread is not None:
+            self._thread.join()
+        self._thread, self._job, self.pending = None, {}, None
+
     def state_dict(self) -> dict[str, Any] | None:
         """The pending batch (the worker is joined first), or None."""
         self.wait()

@@ -43,3 +43,28 @@ def test_a_checkpoint_without_the_sampling_record_is_taken_as_before():
     state = saved()
     del state['sampling']
     assert take(state, params=replace(PARAMS, temperature=0.7))[0] is not None
+
+
+class SlowBackend:
+    """A stand-in with the one method the worker calls (``generate``): it takes a while
+    and records that it finished."""
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def generate(self, requests, params):
+        import time
+        time.sleep(0.3)
+        self.finished = True
+        raise RuntimeError('the engine failed')
+
+
+def test_discard_leaves_no_generation_running_and_forgets_its_error():
+    backend = SlowBackend()
+    ahead = RolloutAhead(backend)
+    ahead.launch(1, 0, ['p0'], [], PARAMS)
+    assert ahead.running
+    ahead.discard()
+    assert backend.finished and not ahead.running and ahead.pending is None
+    ahead.wait()  # nothing to join, no error re-raised
+    assert ahead.take(1, ['p0'], PARAMS) == (None, None)
