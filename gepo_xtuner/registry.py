@@ -78,5 +78,6 @@ def shipped(registry: Registry) -> dict[str, type]:
         >>> 'GEPOAdvantage' in shipped(ADVANTAGES)
         True
     """
+    registry.import_from_location()  # every module that registers into it, imported
     return {name: cls for name, cls in registry.module_dict.items()
             if cls.__module__.split('.')[0] == 'gepo_xtuner'}

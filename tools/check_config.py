@@ -433,12 +433,12 @@ class Checker:
             if params is not None and staleness in (0, 1):  # the loop's own check
                 from gepo_xtuner.engine.update import (behaviour_refusal,
                                                        resolve_behaviour_correction)
-                refusal = behaviour_refusal(
-                    rollout.logprob_temperature(params), params,
-                    resolve_behaviour_correction(loop.behaviour_correction, staleness),
-                    loop.entropy_logprobs)
+                correction = resolve_behaviour_correction(loop.behaviour_correction, staleness)
+                refusal = behaviour_refusal(rollout.logprob_temperature(params), params,
+                                            correction, loop.entropy_logprobs)
                 if refusal is not None:
-                    self.problem('train_cfg.behaviour_correction', refusal)
+                    self.problem('train_cfg.behaviour_correction' if correction != 'none'
+                                 else 'train_cfg.entropy_logprobs', refusal)
             rollout.close()
             self.check_sync_address(loop.rollout)
         from gepo_xtuner.registry import REWARDS

@@ -30,8 +30,8 @@ from .optim_step import check_accumulation
 from .overlap import RolloutAhead, ahead_seed
 from .prompt_encoding import check_policy_inputs, encode_request
 from .run_state import (capture_rng, checkpoint_due, describe_changes, gather_rank_states,
-                        isolated_rng, restore_processor_state, resume_streams, run_settings,
-                        saved_rank_entry)
+                        gather_to_first, isolated_rng, restore_processor_state, resume_streams,
+                        run_settings, saved_rank_entry)
 from .update import (NoSignalWatch, UpdateSettings, behaviour_refusal, check_training_sampling,
                      entropy_metrics, ppo_update, resolve_behaviour_correction)
 from .update import old_logprobs as old_logprobs_of
@@ -340,9 +340,15 @@ class RLTrainLoop(BaseLoop):
         :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
-        mine = ranks[dist_rank()] if dist_rank() < len(ranks) else {}
-        if self.ahead is not None and 'rollout_ahead' not in mine:  # saved off schedule
-            mine['rollout_ahead'] = self.ahead.state_dict()  # this process's own, at least
+        if self.ahead is not None and any('rollout_ahead' not in r for r in ranks):
+            # saved off the CheckpointHook's schedule without prepare_checkpoint()
+            if dist_rank() < len(ranks):  # this process's own batch, at least
+                ranks[dist_rank()]['rollout_ahead'] = self.ahead.state_dict()
+            print_log(f'checkpoint at step {self._iter}: the batches generated ahead of ranks '
+                      f'{[r for r, e in enumerate(ranks) if "rollout_ahead" not in e]} are not '
+                      'in it (saved off the CheckpointHook\'s schedule; a hook that saves '
+                      'should call train_loop.prepare_checkpoint() on every rank first)',
+                      logger='current', level=logging.WARNING)
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
                                      settings=dict(self.settings))
         if self.advantage_state is not None:
@@ -370,9 +376,9 @@ class RLTrainLoop(BaseLoop):
         """
         if self.ahead is None or self._rank_states is None:
             return
-        for entry, batch in zip(self._rank_states, gather_rank_states(self.ahead.state_dict())):
+        batches = gather_to_first(self.ahead.state_dict())  # None on ranks > 0
+        for entry, batch in zip(self._rank_states, batches or ()):
             entry['rollout_ahead'] = batch
-
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
@@ -391,12 +397,14 @@ class RLTrainLoop(BaseLoop):
             self.rollout.load_state_dict(entry['rollout'])
         if self.ahead is not None and entry is not None:
             self.ahead.load_state_dict(entry.get('rollout_ahead'))
-            if entry.get('rollout_ahead') is None and state.get('settings', {}).get(
-                    'max_staleness'):
-                print_log('the checkpoint holds no batch generated ahead for this rank: the '
-                          'next step\'s responses are generated now with the checkpoint\'s '
-                          'weights (the uninterrupted run sampled them one version earlier)',
-                          logger='current', level=logging.WARNING)
+        missing = [r for r, e in enumerate(state.get('ranks', []))
+                   if e.get('rollout_ahead') is None and r < dist_world_size()]
+        if self.ahead is not None and missing and state.get('settings', {}).get('max_staleness'):
+            # every rank reads the list, so rank 0 (whose log is shown) speaks for all
+            print_log(f'the checkpoint holds no batch generated ahead for ranks {missing}: '
+                      'their next responses are generated now with the checkpoint\'s weights '
+                      '(the uninterrupted run sampled them one version earlier)',
+                      logger='current', level=logging.WARNING)
         for line in ([warning] if warning else []) + [
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
@@ -445,8 +453,8 @@ class RLTrainLoop(BaseLoop):
             pending, dropped = self.ahead.take(self._iter, [r['id'] for r in records],
                                                self.sampling)
             if dropped:
-                print_log(f'the batch generated ahead for step {self._iter + 1} (from the '
-                          f'checkpoint) is dropped and generated now: {dropped}',
+                print_log(f'the batch generated ahead for step {self._iter + 1}, restored from '
+                          f'the checkpoint, is dropped and generated now: {dropped}',
                           logger='current', level=logging.WARNING)
             if pending is None:  # the first step, or resumed without a batch ahead
                 start = time.perf_counter()

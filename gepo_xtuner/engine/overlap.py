@@ -110,6 +110,7 @@ class RolloutAhead:
     def __init__(self, backend: RolloutBackend) -> None:
         self.backend = backend
         self.pending: PendingRollouts | None = None
+        self._restored = False  # pending came from a checkpoint
         self._thread: threading.Thread | None = None
         self._job: dict[str, Any] = {}
 
@@ -167,18 +168,26 @@ class RolloutAhead:
              ) -> tuple[PendingRollouts | None, str | None]:
         """The batch made ahead for ``step`` (after :meth:`wait`), or None.
 
-        A batch that does not fit the step (one restored from a checkpoint written under
+        A batch restored from a checkpoint that does not fit the step (written under
         another world size, batch size, dataset or sampling) is dropped: the step's
         responses are then generated now, and the reason is returned for the log.
 
         Returns:
-            ``(batch or None, why a batch was dropped or None)``.
+            ``(batch or None, why a restored batch was dropped or None)``.
+
+        Raises:
+            RuntimeError: a batch generated in this run does not fit the step it was
+                launched for (the loop drew other records than it peeked: a bug).
         """
         self.wait()
-        pending, self.pending = self.pending, None
+        pending, self.pending, restored = self.pending, None, self._restored
+        self._restored = False
         if pending is None:
             return None, None
         reason = pending.mismatch(step, prompt_ids, params)
+        if reason and not restored:
+            raise RuntimeError(f'the batch generated ahead does not fit step {step + 1}: '
+                               f'{reason}')
         return (None, reason) if reason else (pending, None)
 
     def discard(self) -> None:
@@ -186,7 +195,7 @@ class RolloutAhead:
         take it failed): no generation is left running behind an exception."""
         if self._thread is not None:
             self._thread.join()
-        self._thread, self._job, self.pending = None, {}, None
+        self._thread, self._job, self.pending, self._restored = None, {}, None, False
 
     def state_dict(self) -> dict[str, Any] | None:
         """The pending batch (the worker is joined first), or None."""
@@ -195,3 +204,4 @@ class RolloutAhead:
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.pending = None if state is None else PendingRollouts.from_state(state)
+        self._restored = state is not None

@@ -31,8 +31,8 @@ from mmengine.logging import print_log
 from ..ops.distributed import dist_rank, dist_world_size
 
 __all__ = ['capture_rng', 'checkpoint_due', 'describe_changes', 'gather_rank_states',
-           'isolated_rng', 'rank_entry', 'restore_processor_state', 'restore_rng', 'resume_streams',
-           'run_settings', 'saved_rank_entry', 'seed_streams']
+           'gather_to_first', 'isolated_rng', 'rank_entry', 'restore_processor_state',
+           'restore_rng', 'resume_streams', 'run_settings', 'saved_rank_entry', 'seed_streams']
 
 
 def capture_rng() -> dict[str, Any]:
@@ -89,6 +89,20 @@ def checkpoint_due(runner: Any, max_steps: int) -> bool:
             return bool(hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
                         or (hook.save_last and last))
     return False
+
+
+def gather_to_first(mine: Any) -> list[Any] | None:
+    """Every rank's ``mine`` on rank 0, in rank order (None on the other ranks).
+
+    A collective: every rank must call it at the same point. For what only the
+    checkpoint's writer needs (rank 0 under mmengine's Runner and DeepSpeed).
+    """
+    world = dist_world_size()
+    if world == 1:
+        return [mine]
+    out: list[Any] | None = [None] * world if dist_rank() == 0 else None
+    dist.gather_object(mine, out, dst=0)
+    return out
 
 
 def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:

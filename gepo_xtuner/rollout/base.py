@@ -94,10 +94,10 @@ class RolloutSample:
         response_ids: generated token ids, including the stop token if one ended it.
         logprobs: per response token, its log-probability under the sampling
             policy's ``softmax(logits / t)``, where ``t`` is the backend's
-            :meth:`RolloutBackend.logprob_temperature`: the sampling temperature for a
-            backend that reports the distribution it sampled from (the in-process
-            backend), 1 for one that reports the raw model's (LMDeploy's
-            ``raw_logprobs`` mode). Never top-p / top-k filtered.
+            :meth:`RolloutBackend.logprob_temperature`: 1 by default, the raw model's
+            distribution (LMDeploy's ``raw_logprobs`` mode); the sampling temperature for
+            a backend that says it reports the distribution it sampled from (the
+            in-process backend). Never top-p / top-k filtered.
         finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap).
         weight_version: the trainer's weight version the response was sampled with
             (RL steps whose update the rollout engine held), set by the RL loop; None
@@ -161,10 +161,11 @@ class RolloutBackend(abc.ABC):
         the sampling policy's and cannot serve as behaviour logprobs (off-policy
         correction, ``entropy_logprobs='behaviour'``) or be compared with the trainer's
         (``rollout/logprob_abs_diff``): see :func:`~gepo_xtuner.engine.update.behaviour_refusal`.
-        The default is the sampling temperature (1 for greedy decoding, whose logits
-        are not divided).
+        The default, 1, is the raw model's distribution (what an inference server
+        reports unless told otherwise); a backend that reports the tempered
+        distribution it sampled from says so by overriding this.
         """
-        return params.temperature if params.temperature > 0 else 1.0
+        return 1.0
 
     def overlap_refusal(self) -> str | None:
         """Why this backend cannot generate on a background thread while the trainer

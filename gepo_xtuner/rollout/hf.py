@@ -72,6 +72,11 @@ class HFRolloutBackend(RolloutBackend):
         self.suppress: tuple[int, ...] = ()
         self.own_copy = False  # sampling from a copy of the policy (prepare_overlap)
 
+    def logprob_temperature(self, params: SamplingParams) -> float:
+        """The sampling temperature: logprobs are those of ``softmax(logits / temperature)``,
+        the distribution sampled (1 for greedy decoding, whose logits are not divided)."""
+        return params.temperature if params.temperature > 0 else 1.0
+
     def overlap_refusal(self) -> str | None:
         return None
 

@@ -106,16 +106,6 @@ def test_bounds_need_patience_steps_in_a_row(cls, key, bound):
     assert first_step(cls(), [{key: bound}] * 10) is None  # at the bound is fine
 
 
-def test_rollout_mismatch_reads_only_batches_sampled_by_the_weights_trained():
-    """Generation ahead of the update: the gap of a one-version-old batch is intended."""
-    key = 'rollout/logprob_abs_diff'
-    stale = {key: 0.5, 'rollout/staleness': 1.0, 'rollout/staleness_max': 1.0}
-    assert first_step(LogprobMismatch(), [stale] * 10) is None
-    fresh = {key: 0.5, 'rollout/staleness': 0.0, 'rollout/staleness_max': 0.0}
-    step, (f, ) = first_step(LogprobMismatch(), [fresh, stale, fresh, stale, fresh])
-    assert step == 5 and f.alarm == 'rollout_mismatch'  # stale rows leave the count as it was
-
-
 def test_reward_without_val_needs_falling_validations_and_rising_reward():
     def run(vals, rewards, interval=5):
         rows = []

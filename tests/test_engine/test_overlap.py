@@ -194,7 +194,10 @@ def test_two_ranks_resumed_at_every_step_equal_the_straight_run(tiny_dir, tmp_pa
     assert [expected[t]['rollout/staleness'] for t in range(1, STEPS + 1)] == [0, 1, 1, 1]
     for k in range(1, STEPS):
         resumed = tmp_path / f'resumed_at_{k}'
-        out = train_ranks(cfg, resumed, tiny_dir, 2, *options,
+        # resumed at 1: a checkpoint every 2 steps, so the batches ahead travel to rank 0
+        # at step 2 only (and the last), not at step 3
+        every = ['default_hooks.checkpoint.interval=2'] if k == 1 else []
+        out = train_ranks(cfg, resumed, tiny_dir, 2, *options, *every,
                           '--resume', str(straight / f'iter_{k}.pth'))
         assert (resumed / f'iter_{STEPS}.pth').exists(), out[-6000:]
         got = scalars(resumed)
@@ -202,6 +205,18 @@ def test_two_ranks_resumed_at_every_step_equal_the_straight_run(tiny_dir, tmp_pa
             assert learning(got[step]) == learning(expected[step]), (k, step)
         last = weights(resumed / f'iter_{STEPS}.pth')
         assert all(torch.equal(last[n], final[n]) for n in final), k
+    # the batches ahead in the step-2 checkpoint written on that schedule are those of the
+    # straight run's (written when every step was a checkpoint step), rank for rank
+    assert not (tmp_path / 'resumed_at_1' / 'iter_3.pth').exists()
+    ahead = [[entry['rollout_ahead'] for entry in torch.load(
+        run / 'iter_2.pth', map_location='cpu', weights_only=False)['gepo_xtuner/rl_loop']['ranks']]
+        for run in (tmp_path / 'resumed_at_1', straight)]
+    assert [a['step'] for a in ahead[0]] == [2, 2]
+    for mine, theirs in zip(*ahead):
+        assert mine['prompt_ids'] == theirs['prompt_ids'] and mine['version'] == theirs['version']
+        for g_mine, g_theirs in zip(mine['samples'], theirs['samples']):
+            for (ids, lps, fin), (ids2, lps2, fin2) in zip(g_mine, g_theirs):
+                assert torch.equal(ids, ids2) and torch.equal(lps, lps2) and fin == fin2
 
 
 def test_without_staleness_every_batch_is_generated_now_on_the_main_thread(

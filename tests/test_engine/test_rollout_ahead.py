@@ -3,6 +3,8 @@ prompts and sampling it was made for; otherwise it is dropped and the step gener
 
 from dataclasses import replace
 
+import pytest
+
 from gepo_xtuner.engine.overlap import PendingRollouts, RolloutAhead, sampling_signature
 from gepo_xtuner.rollout import RolloutSample, SamplingParams
 
@@ -68,3 +70,23 @@ def test_discard_leaves_no_generation_running_and_forgets_its_error():
     assert backend.finished and not ahead.running and ahead.pending is None
     ahead.wait()  # nothing to join, no error re-raised
     assert ahead.take(1, ['p0'], PARAMS) == (None, None)
+
+
+class EchoBackend:
+    """A stand-in with the one method the worker calls: one short response per sample."""
+
+    def generate(self, requests, params):
+        return [[RolloutSample([1, 2], [-0.5, -0.5], 'stop') for _ in range(params.n)]
+                for _ in requests]
+
+
+def test_a_batch_generated_in_this_run_that_misses_its_step_is_a_bug_not_a_warning():
+    from gepo_xtuner.rollout import RolloutRequest
+    ahead = RolloutAhead(EchoBackend())
+    ahead.launch(2, 1, ['p0'], [RolloutRequest([1, 5])], PARAMS)
+    pending, dropped = ahead.take(2, ['p0'], PARAMS)
+    assert dropped is None and pending.version == 1 and len(pending.samples[0]) == 2
+    assert all(s.weight_version == 1 for s in pending.samples[0])
+    ahead.launch(3, 2, ['p0'], [RolloutRequest([1, 5])], PARAMS)
+    with pytest.raises(RuntimeError, match="does not fit step 4: it answers prompts"):
+        ahead.take(3, ['p1'], PARAMS)

@@ -354,8 +354,9 @@ class LMDeployRolloutBackend(RolloutBackend):
             self.server.close()
 
     def logprob_temperature(self, params: SamplingParams) -> float:
-        """1: the server runs with ``--logprobs-mode raw_logprobs`` and returns
-        ``log_softmax`` of the raw logits, before the sampling temperature."""
+        """1 (stated, not inherited): the server runs with ``--logprobs-mode
+        raw_logprobs`` and returns ``log_softmax`` of the raw logits, before the sampling
+        temperature."""
         return 1.0
 
     def overlap_refusal(self) -> str | None:
