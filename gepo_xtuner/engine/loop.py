@@ -17,7 +17,7 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 
 from ..advantage import AdvantageInputs, encode_domains
 from ..advantage.base import BAND_KEYS
-from ..ops.distributed import dist_rank, dist_world_size
+from ..ops.distributed import dist_world_size
 from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
@@ -27,11 +27,11 @@ from .geometry import StepGeometry, check_group_size
 from . import train_cfg
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
-from .overlap import RolloutAhead, ahead_seed
+from .overlap import RolloutAhead, check_overlap_settings
 from .prompt_encoding import check_policy_inputs, encode_request
 from .run_state import (capture_rng, checkpoint_due, describe_changes, gather_rank_states,
-                        gather_to_first, isolated_rng, restore_processor_state, resume_streams,
-                        run_settings, saved_rank_entry)
+                        isolated_rng, restore_processor_state, resume_streams, run_settings,
+                        saved_rank_entry)
 from .update import (NoSignalWatch, UpdateSettings, behaviour_refusal, check_training_sampling,
                      entropy_metrics, ppo_update, resolve_behaviour_correction)
 from .update import old_logprobs as old_logprobs_of
@@ -142,15 +142,7 @@ class RLTrainLoop(BaseLoop):
         if min(max_steps, num_responses) < 1:
             raise ValueError('RLTrainLoop needs max_steps and num_responses >= 1, got '
                              f'{max_steps}, {num_responses}')
-        if max_staleness not in (0, 1):
-            raise ValueError(
-                f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
-                f'next batch while this one trains), got {max_staleness!r}: the loop runs '
-                'generation at most one batch ahead, since it pushes weights only between '
-                'generations')
-        if entropy_logprobs not in ('proximal', 'behaviour'):
-            raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
-                             f'got {entropy_logprobs!r}')
+        check_overlap_settings(max_staleness, entropy_logprobs)
         behaviour_correction = resolve_behaviour_correction(behaviour_correction, max_staleness)
         self.max_staleness, self.entropy_logprobs = max_staleness, entropy_logprobs
         # checked now, completed with the sampling temperature and the length cap in run()
@@ -210,7 +202,9 @@ class RLTrainLoop(BaseLoop):
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         self._peeked: list[dict] | None = None  # the next step's records, drawn early
-        self.ahead = RolloutAhead(self.rollout) if max_staleness else None
+        # the seed is read when used: --resume may replace it after the loop is built
+        self.ahead = (RolloutAhead(self.rollout, lambda: self.runner.seed) if max_staleness
+                      else None)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
@@ -340,15 +334,8 @@ class RLTrainLoop(BaseLoop):
         :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
-        if self.ahead is not None and any('rollout_ahead' not in r for r in ranks):
-            # saved off the CheckpointHook's schedule without prepare_checkpoint()
-            if dist_rank() < len(ranks):  # this process's own batch, at least
-                ranks[dist_rank()]['rollout_ahead'] = self.ahead.state_dict()
-            print_log(f'checkpoint at step {self._iter}: the batches generated ahead of ranks '
-                      f'{[r for r, e in enumerate(ranks) if "rollout_ahead" not in e]} are not '
-                      'in it (saved off the CheckpointHook\'s schedule; a hook that saves '
-                      'should call train_loop.prepare_checkpoint() on every rank first)',
-                      logger='current', level=logging.WARNING)
+        if self.ahead is not None:
+            self.ahead.complete(ranks, self._iter)
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
                                      settings=dict(self.settings))
         if self.advantage_state is not None:
@@ -374,11 +361,8 @@ class RLTrainLoop(BaseLoop):
         checkpoint holds the batch ahead of the saving rank only; the other ranks then
         generate their batch again on resume (with a warning).
         """
-        if self.ahead is None or self._rank_states is None:
-            return
-        batches = gather_to_first(self.ahead.state_dict())  # None on ranks > 0
-        for entry, batch in zip(self._rank_states, batches or ()):
-            entry['rollout_ahead'] = batch
+        if self.ahead is not None and self._rank_states is not None:
+            self.ahead.gather(self._rank_states)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
@@ -395,16 +379,8 @@ class RLTrainLoop(BaseLoop):
             self.policy.policy_loss.load_state_dict(entry['policy_loss'])
         if entry is not None and 'rollout' in entry:
             self.rollout.load_state_dict(entry['rollout'])
-        if self.ahead is not None and entry is not None:
-            self.ahead.load_state_dict(entry.get('rollout_ahead'))
-        missing = [r for r, e in enumerate(state.get('ranks', []))
-                   if e.get('rollout_ahead') is None and r < dist_world_size()]
-        if self.ahead is not None and missing and state.get('settings', {}).get('max_staleness'):
-            # every rank reads the list, so rank 0 (whose log is shown) speaks for all
-            print_log(f'the checkpoint holds no batch generated ahead for ranks {missing}: '
-                      'their next responses are generated now with the checkpoint\'s weights '
-                      '(the uninterrupted run sampled them one version earlier)',
-                      logger='current', level=logging.WARNING)
+        if self.ahead is not None:
+            self.ahead.restore(state, entry)
         for line in ([warning] if warning else []) + [
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
@@ -446,26 +422,16 @@ class RLTrainLoop(BaseLoop):
         generation started on the worker thread.
         """
         requests = self.encode_requests(records)
-        version, seconds = self._iter, None  # weights: one version per step
-        if self.ahead is None:
+        if self.ahead is None:  # weights: one version per step
             samples = self.rollout.generate(requests, self.sampling)
+            version, seconds = self._iter, None
         else:
-            pending, dropped = self.ahead.take(self._iter, [r['id'] for r in records],
-                                               self.sampling)
-            if dropped:
-                print_log(f'the batch generated ahead for step {self._iter + 1}, restored from '
-                          f'the checkpoint, is dropped and generated now: {dropped}',
-                          logger='current', level=logging.WARNING)
-            if pending is None:  # the first step, or resumed without a batch ahead
-                start = time.perf_counter()
-                samples = self.rollout.generate(requests, self._seeded(self._iter))
-                seconds = time.perf_counter() - start
-            else:
-                samples, version, seconds = pending.samples, pending.version, pending.seconds
-            if self._iter + 1 < self._max_iters:
+            def next_step() -> tuple[list[dict], list[RolloutRequest]]:
                 ahead = self._peek()
-                self.ahead.launch(self._iter + 1, self._iter, [r['id'] for r in ahead],
-                                  self.encode_requests(ahead), self._seeded(self._iter + 1))
+                return ahead, self.encode_requests(ahead)
+            samples, version, seconds = self.ahead.batch_for(
+                self._iter, records, requests, self.sampling,
+                next_step if self._iter + 1 < self._max_iters else None)
         for group in samples:
             for sample in group:
                 sample.weight_version = version
@@ -475,10 +441,6 @@ class RLTrainLoop(BaseLoop):
         batch = build_response_batch([r.prompt_ids for r in requests], samples,
                                      self.policy.tokenizer.pad_token_id, mm if any(mm) else None)
         return Rollouts(records, samples, batch, version=version, seconds=seconds)
-
-    def _seeded(self, step: int) -> SamplingParams:
-        """Sampling for step ``step`` with its private seed (overlapped generation)."""
-        return replace(self.sampling, seed=ahead_seed(self.runner.seed, dist_rank(), step))
 
     def score(self, rollouts: Rollouts) -> tuple[torch.Tensor, dict[str, float]]:
         """One reward per response ``(N,)``, and the reward metrics of the step."""

@@ -17,17 +17,41 @@ token ids, logprobs, finish reasons, weight version), since the weights that pro
 are not in the checkpoint; a resumed run trains on exactly those responses.
 """
 
+import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from mmengine.logging import print_log
 
+from ..ops.distributed import dist_rank, dist_world_size
 from ..rollout import RolloutRequest, SamplingParams
 from ..rollout.base import RolloutBackend, RolloutSample
+from .run_state import gather_to_first
 
-__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'sampling_signature']
+__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'check_overlap_settings',
+           'sampling_signature']
+
+
+def check_overlap_settings(max_staleness: int, entropy_logprobs: str) -> None:
+    """Refuses values of ``train_cfg.max_staleness`` and ``entropy_logprobs`` the loop
+    does not take, saying what they mean.
+
+    Raises:
+        ValueError: naming the key and the accepted values.
+    """
+    if max_staleness not in (0, 1):
+        raise ValueError(
+            f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
+            f'next batch while this one trains), got {max_staleness!r}: the loop runs '
+            'generation at most one batch ahead, since it pushes weights only between '
+            'generations')
+    if entropy_logprobs not in ('proximal', 'behaviour'):
+        raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
+                         f'got {entropy_logprobs!r}')
 
 
 def sampling_signature(params: SamplingParams) -> dict[str, Any]:
@@ -100,15 +124,21 @@ class RolloutAhead:
     """Runs ``backend.generate`` for the next batch on a worker thread.
 
     One batch at a time: :meth:`launch` starts it, :meth:`wait` joins it (re-raising
-    what the worker raised), :meth:`take` hands it to the step it was made for.
+    what the worker raised), :meth:`take` hands it to the step it was made for;
+    :meth:`batch_for` is the RL loop's whole rollout stage with ``max_staleness = 1``.
+    Every batch is sampled with its step's private seed (:meth:`params_for`).
 
     Args:
         backend: a rollout backend whose :meth:`overlap_refusal` is None, prepared
             with :meth:`prepare_overlap`.
+        seed: returns the run's seed (:func:`ahead_seed`), read when a batch is
+            sampled: mmengine's ``--resume`` may replace the seed after the loop is built.
     """
 
-    def __init__(self, backend: RolloutBackend) -> None:
+    def __init__(self, backend: RolloutBackend,
+                 seed: Callable[[], int | None] = lambda: None) -> None:
         self.backend = backend
+        self.seed = seed
         self.pending: PendingRollouts | None = None
         self._restored = False  # pending came from a checkpoint
         self._thread: threading.Thread | None = None
@@ -117,6 +147,41 @@ class RolloutAhead:
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    def params_for(self, params: SamplingParams, step: int) -> SamplingParams:
+        """``params`` with step ``step``'s private seed on this rank."""
+        return replace(params, seed=ahead_seed(self.seed(), dist_rank(), step))
+
+    def batch_for(self, step: int, records: list[dict], requests: list[RolloutRequest],
+                  params: SamplingParams,
+                  next_step: Callable[[], tuple[list[dict], list[RolloutRequest]]] | None
+                  ) -> tuple[list[list[RolloutSample]], int, float]:
+        """Step ``step``'s responses, and the next step's generation started.
+
+        The batch generated ahead for the step, or, at the first step and after a resume
+        without a fitting one, a batch generated now on this thread with the current
+        weights (version ``step``). Then, unless ``next_step`` is None (the last step),
+        the records and requests it returns are generated on the worker thread.
+
+        Returns:
+            ``(samples, weight version, generation seconds)``.
+        """
+        pending, dropped = self.take(step, [r['id'] for r in records], params)
+        if dropped:
+            print_log(f'the batch generated ahead for step {step + 1}, restored from the '
+                      f'checkpoint, is dropped and generated now: {dropped}', logger='current',
+                      level=logging.WARNING)
+        if pending is None:
+            start = time.perf_counter()
+            samples = self.backend.generate(requests, self.params_for(params, step))
+            batch = samples, step, time.perf_counter() - start
+        else:
+            batch = pending.samples, pending.version, pending.seconds
+        if next_step is not None:
+            ahead, ahead_requests = next_step()
+            self.launch(step + 1, step, [r['id'] for r in ahead], ahead_requests,
+                        self.params_for(params, step + 1))
+        return batch
 
     def launch(self, step: int, version: int, prompt_ids: list[Any],
                requests: list[RolloutRequest], params: SamplingParams) -> None:
@@ -205,3 +270,38 @@ class RolloutAhead:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.pending = None if state is None else PendingRollouts.from_state(state)
         self._restored = state is not None
+
+    # -- in the RL loop's run state (``ranks[r]['rollout_ahead']``) ------------------------
+    def gather(self, ranks: list[dict[str, Any]]) -> None:
+        """Puts every rank's batch into ``ranks`` (every rank's run state) on rank 0.
+
+        A collective (see ``RLTrainLoop.prepare_checkpoint``)."""
+        for entry, batch in zip(ranks, gather_to_first(self.state_dict()) or ()):
+            entry['rollout_ahead'] = batch
+
+    def complete(self, ranks: list[dict[str, Any]], step: int) -> None:
+        """For a checkpoint saved without :meth:`gather`: this process's own batch at
+        least, and a warning naming the ranks whose batch is not in it."""
+        if all('rollout_ahead' in entry for entry in ranks):
+            return
+        if dist_rank() < len(ranks):
+            ranks[dist_rank()]['rollout_ahead'] = self.state_dict()
+        print_log(f'checkpoint at step {step}: the batches generated ahead of ranks '
+                  f'{[r for r, e in enumerate(ranks) if "rollout_ahead" not in e]} are not in '
+                  "it (saved off the CheckpointHook's schedule; a hook that saves should call "
+                  'train_loop.prepare_checkpoint() on every rank first)', logger='current',
+                  level=logging.WARNING)
+
+    def restore(self, state: dict[str, Any], entry: dict[str, Any] | None) -> None:
+        """Takes this rank's batch from its saved ``entry`` of the run ``state``; names the
+        ranks without one (every rank reads the list, so rank 0, whose log is shown,
+        speaks for all)."""
+        if entry is not None:
+            self.load_state_dict(entry.get('rollout_ahead'))
+        missing = [r for r, e in enumerate(state.get('ranks', []))
+                   if e.get('rollout_ahead') is None and r < dist_world_size()]
+        if missing and state.get('settings', {}).get('max_staleness'):
+            print_log(f'the checkpoint holds no batch generated ahead for ranks {missing}: '
+                      "their next responses are generated now with the checkpoint's weights "
+                      '(the uninterrupted run sampled them one version earlier)',
+                      logger='current', level=logging.WARNING)
