@@ -373,9 +373,6 @@ class LogprobMismatch(_Bound):
     def __init__(self, bound: float = 0.1, patience: int = 3) -> None:
         super().__init__(bound, patience)
 
-    def reads(self, row: Row) -> bool:
-        return not row.get('rollout/staleness_max', 0.0)
-
 
 class ClipFraction(_Bound):
     """``loss/clipfrac`` (share of tokens whose importance weight was clipped) too high.

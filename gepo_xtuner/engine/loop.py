@@ -335,7 +335,7 @@ class RLTrainLoop(BaseLoop):
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
         if self.ahead is not None:
-            self.ahead.complete(ranks, self._iter)
+            self.ahead.complete(ranks)
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
                                      settings=dict(self.settings))
         if self.advantage_state is not None:

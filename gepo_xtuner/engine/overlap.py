@@ -97,11 +97,10 @@ class PendingRollouts:
             return (f'it answers prompts {self.prompt_ids[:4]}..., but this rank draws '
                     f'{list(prompt_ids)[:4]}... (a changed world size, batch size, dataset '
                     'or data order)')
-        if self.sampling is not None and self.sampling != sampling_signature(params):
-            changed = {k: (v, sampling_signature(params)[k]) for k, v in self.sampling.items()
-                       if v != sampling_signature(params)[k]}
-            return ', '.join(f'sampling.{k} was {old!r}, is {new!r}'
-                             for k, (old, new) in changed.items())
+        now = sampling_signature(params)
+        if self.sampling is not None and self.sampling != now:
+            return ', '.join(f'sampling.{k} was {old!r}, is {now[k]!r}'
+                             for k, old in self.sampling.items() if old != now[k])
         return None
 
     def state_dict(self) -> dict[str, Any]:
@@ -279,18 +278,19 @@ class RolloutAhead:
         for entry, batch in zip(ranks, gather_to_first(self.state_dict()) or ()):
             entry['rollout_ahead'] = batch
 
-    def complete(self, ranks: list[dict[str, Any]], step: int) -> None:
+    def complete(self, ranks: list[dict[str, Any]]) -> None:
         """For a checkpoint saved without :meth:`gather`: this process's own batch at
         least, and a warning naming the ranks whose batch is not in it."""
         if all('rollout_ahead' in entry for entry in ranks):
             return
         if dist_rank() < len(ranks):
             ranks[dist_rank()]['rollout_ahead'] = self.state_dict()
-        print_log(f'checkpoint at step {step}: the batches generated ahead of ranks '
-                  f'{[r for r, e in enumerate(ranks) if "rollout_ahead" not in e]} are not in '
-                  "it (saved off the CheckpointHook's schedule; a hook that saves should call "
-                  'train_loop.prepare_checkpoint() on every rank first)', logger='current',
-                  level=logging.WARNING)
+        missing = [r for r, e in enumerate(ranks) if 'rollout_ahead' not in e]
+        if missing:
+            print_log(f'this checkpoint lacks the batches generated ahead of ranks {missing} '
+                      "(saved off the CheckpointHook's schedule; a hook that saves should call "
+                      'train_loop.prepare_checkpoint() on every rank first)', logger='current',
+                      level=logging.WARNING)
 
     def restore(self, state: dict[str, Any], entry: dict[str, Any] | None) -> None:
         """Takes this rank's batch from its saved ``entry`` of the run ``state``; names the

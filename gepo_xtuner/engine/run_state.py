@@ -6,9 +6,9 @@ shuffles, a policy loss's generator), and ranks consume different numbers of dra
 first step. A checkpoint therefore holds one entry per rank, gathered to rank 0 at
 the end of every step (:func:`gather_rank_states`: one ``all_gather_object`` of a
 few kilobytes per rank; a batch generated ahead, much larger, only at checkpoint
-steps: ``RLTrainLoop.prepare_checkpoint``) and written with the rest of the checkpoint, in the same
-atomic file (mmengine) or the same client state (DeepSpeed). On ``--resume`` rank
-``r`` restores entry ``r`` (:func:`rank_entry`).
+steps: ``RLTrainLoop.prepare_checkpoint``) and written with the rest of the
+checkpoint, in the same atomic file (mmengine) or the same client state (DeepSpeed).
+On ``--resume`` rank ``r`` restores entry ``r`` (:func:`rank_entry`).
 
 The run settings that give a step its meaning (:func:`run_settings`) are saved too,
 and a resume under other settings says what changed and what it means

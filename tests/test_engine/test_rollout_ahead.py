@@ -90,3 +90,13 @@ def test_a_batch_generated_in_this_run_that_misses_its_step_is_a_bug_not_a_warni
     ahead.launch(3, 2, ['p0'], [RolloutRequest([1, 5])], PARAMS)
     with pytest.raises(RuntimeError, match="does not fit step 4: it answers prompts"):
         ahead.take(3, ['p1'], PARAMS)
+
+
+def test_a_checkpoint_saved_off_schedule_holds_this_ranks_batch_and_names_the_others():
+    """One process: its own batch fills the entry, and nothing is missing (no warning)."""
+    ahead = RolloutAhead(backend=None)
+    ahead.load_state_dict(saved())
+    ranks = [dict(rng=None)]
+    ahead.complete(ranks)
+    entry = ranks[0]['rollout_ahead']
+    assert entry['step'] == 4 and entry['prompt_ids'] == ['p0']
