@@ -87,11 +87,14 @@ test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 GPU_PY ?= $(PY)
 GPU_REPORT_DIR ?= work_dirs/gpu
 GPU_TEST_ARGS ?=
+# every test module that carries the marker, wherever it lives (tests/test_gpu_selection.py
+# checks that no test skips for want of CUDA without it)
+GPU_TESTS = $(shell grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort)
 .PHONY: test-gpu gpu-bundle
 
 test-gpu: $(if $(filter $(PY),$(GPU_PY)),$(STAMP))
 	@rm -f $(GPU_REPORT_DIR)/report.jsonl
-	GEPO_GPU_REPORT_DIR=$(GPU_REPORT_DIR) $(GPU_PY) -m pytest -m gpu -rs tests/test_gpu \
+	GEPO_GPU_REPORT_DIR=$(GPU_REPORT_DIR) $(GPU_PY) -m pytest -m gpu -rs $(GPU_TESTS) \
 		$(GPU_TEST_ARGS); status=$$?; \
 		$(GPU_PY) tools/gpu_report.py $(GPU_REPORT_DIR); exit $$status
 

@@ -5,8 +5,9 @@
 #
 #   tools/gpu_run.sh check      install, versions, the imports every stage needs (~1 min)
 #   tools/gpu_run.sh tests      the `gpu` tests but LMDeploy's, then the figures
-#   tools/gpu_run.sh lmdeploy   LMDeploy's server + PyTorch engine: generate, logprobs vs the
-#                               trainer, CUDA-IPC weight update, sleep/wake, one RL step
+#   tools/gpu_run.sh lmdeploy   LMDeploy's server + PyTorch engine: generate (temperature 1
+#                               and 0.7), logprobs vs the trainer, CUDA-IPC weight update,
+#                               sleep/wake, one RL step; the CUDA-IPC path of the backend
 #   tools/gpu_run.sh bench      benchmarks/bench_rl_step.py in bf16 on the GPU (0.5B Qwen2)
 #   tools/gpu_run.sh all        tests, lmdeploy and bench in one go (a longer command)
 #
@@ -68,8 +69,12 @@ except ImportError:
 EOF
 }
 
+# every test module that carries the `gpu` marker (as `make test-gpu` selects them)
+gpu_tests() { grep -rl --include='test_*.py' 'pytest.mark.gpu' tests | sort; }
+
 tests() {
-    "$PY" -m pytest -m gpu -rs -v tests/test_gpu -k 'not lmdeploy' "${EXTRA[@]}" \
+    mapfile -t files < <(gpu_tests)
+    "$PY" -m pytest -m gpu -rs -v "${files[@]}" -k 'not lmdeploy' "${EXTRA[@]}" \
         2>&1 | tee "$REPORT/tests.log"
     local status=${PIPESTATUS[0]}
     "$PY" tools/gpu_report.py "$REPORT"
@@ -77,7 +82,8 @@ tests() {
 }
 
 lmdeploy_tests() {
-    "$PY" -m pytest -m gpu -rs -v tests/test_gpu/test_6_lmdeploy.py "${EXTRA[@]}" \
+    mapfile -t files < <(gpu_tests)
+    "$PY" -m pytest -m gpu -rs -v "${files[@]}" -k 'lmdeploy' "${EXTRA[@]}" \
         2>&1 | tee "$REPORT/lmdeploy.log"
     local status=${PIPESTATUS[0]}
     "$PY" tools/gpu_report.py "$REPORT"

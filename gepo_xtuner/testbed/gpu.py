@@ -215,17 +215,27 @@ def packed_vs_padded(model_dir: str | Path, batch: Any, device: str | torch.devi
 
 
 def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
-                       backend: Any = None, batch_size: int = 64) -> dict[str, Any]:
+                       backend: Any = None, batch_size: int = 64,
+                       temperature: float = 1.0,
+                       tol: Tolerance | None = None) -> dict[str, Any]:
     """Samples with a rollout backend, then scores the samples as the trainer.
 
-    Temperature 1, no stop token (every prompt gets ``new_tokens`` tokens). The trainer's
-    pass is the loop's own (:func:`~gepo_xtuner.engine.update.old_logprobs` over
-    ``build_response_batch``).
+    No stop token (every prompt gets ``new_tokens`` tokens), sampling at ``temperature``.
+    The trainer's pass is the loop's own (:func:`~gepo_xtuner.engine.update.old_logprobs`
+    over ``build_response_batch``), with logits divided by the temperature the backend
+    declares for its logprobs (``backend.logprob_temperature(params)``: LMDeploy's are raw,
+    1; the in-process backend's are at the sampling temperature). Where the two
+    temperatures differ, the samples are also scored at the sampling temperature
+    (``'logprobs_at_sampling_temperature'``): a backend that declared the wrong one would
+    match that instead.
+
     ``backend``: an attached rollout backend (e.g. ``LMDeployRolloutBackend``); default
     an ``HFRolloutBackend`` of ``batch_size`` sequences per call on the policy itself.
+    ``tol``: per-token tolerance (default ``TOLERANCES[dtype]['logprobs']``).
 
     Returns:
-        ``{'logprobs': Comparison, 'generated_tokens', 'generate_s', 'tokens_per_s'}``.
+        ``{'logprobs': Comparison, 'logprob_temperature', 'generated_tokens', 'generate_s',
+        'tokens_per_s'}`` (+ ``'logprobs_at_sampling_temperature'``, see above).
     """
     from ..engine.batching import build_response_batch
     from ..rollout import HFRolloutBackend, RolloutRequest, SamplingParams
@@ -234,7 +244,9 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     if backend is None:
         backend = HFRolloutBackend(max_sequences_per_call=batch_size)
         backend.attach(policy.llm, policy.tokenizer)
-    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens, stop_token_ids=())
+    params = SamplingParams(n=1, temperature=temperature, max_new_tokens=new_tokens,
+                            stop_token_ids=())
+    declared = float(backend.logprob_temperature(params))
     device = next(policy.parameters()).device
     _sync(device)
     start = time.perf_counter()
@@ -242,14 +254,22 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     _sync(device)
     seconds = time.perf_counter() - start
     batch = build_response_batch(prompts, samples, pad_token_id=policy.tokenizer.pad_token_id)
-    trainer, _ = old_logprobs(policy, batch, step_settings(max_tokens=1 << 16,
-                                                           minibatch=len(batch)))
-    dtype = next(policy.parameters()).dtype
+    tol = tol or TOLERANCES[next(policy.parameters()).dtype]['logprobs']
+
+    def scored(t: float, name: str) -> Comparison:
+        trainer, _ = old_logprobs(policy, batch, step_settings(
+            max_tokens=1 << 16, minibatch=len(batch), temperature=t))
+        return compare(name, batch.rollout_logprobs, trainer, tol, batch.response_mask)
+
     generated = int(batch.response_mask.sum())
-    return {'logprobs': compare('rollout vs trainer logprobs', batch.rollout_logprobs, trainer,
-                                TOLERANCES[dtype]['logprobs'], batch.response_mask),
-            'generated_tokens': generated, 'generate_s': seconds,
-            'tokens_per_s': generated / seconds}
+    out = {'logprobs': scored(declared, f'rollout vs trainer logprobs (temperature '
+                                        f'{declared:g})'),
+           'logprob_temperature': declared, 'generated_tokens': generated,
+           'generate_s': seconds, 'tokens_per_s': generated / seconds}
+    if declared != temperature:
+        out['logprobs_at_sampling_temperature'] = scored(
+            temperature, f'rollout vs trainer logprobs (temperature {temperature:g})')
+    return out
 
 
 def _sync(device: torch.device) -> None:

@@ -88,14 +88,14 @@ def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed
     return batch, torch.randn(n, generator=gen)
 
 
-def step_settings(max_tokens: int, minibatch: int) -> Any:
+def step_settings(max_tokens: int, minibatch: int, temperature: float = 1.0) -> Any:
     """The update's settings for one process: ``max_tokens`` per micro-batch in both passes,
-    ``minibatch`` responses per optimizer step, one PPO epoch, temperature 1, length norm
-    4096."""
+    ``minibatch`` responses per optimizer step, one PPO epoch, logits divided by
+    ``temperature`` (default 1), length norm 4096."""
     from ..engine.update import UpdateSettings
     return UpdateSettings(minibatch, ppo_epochs=1, max_tokens_per_micro_batch=max_tokens,
-                          logprob_max_tokens_per_micro_batch=max_tokens, temperature=1.0,
-                          norm_length=4096)
+                          logprob_max_tokens_per_micro_batch=max_tokens,
+                          temperature=temperature, norm_length=4096)
 
 
 def adamw(policy: Any, lr: float = 1e-6) -> Any:

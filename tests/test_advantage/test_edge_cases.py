@@ -135,7 +135,7 @@ def test_aepo_config_validation():
         ADVANTAGES.build(dict(type='AEPOAdvantage', gate='hysteresis'))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 def test_gepo_on_cuda_matches_cpu():
     batch = batch_of([1.0, 0.0, 0.5, 0.2, 1.0, 1.0], [1, 1, 2, 2, 3, 3],
                      lengths=[1, 2, 3, 0, 2, 2])

@@ -28,6 +28,10 @@ MODELS = {
                        kv_heads=QWEN2_0_5B['num_key_value_heads'],
                        intermediate=QWEN2_0_5B['intermediate_size'], initializer_range=0.08),
 }
+# the same 24 layers over the character vocabulary, for RL steps on the character tasks: with
+# Qwen's 151936 ids a random policy samples almost only ids the tokenizer cannot spell, every
+# response of a group scores alike and a step has nothing to learn (seen on an H100)
+MODELS['qwen2-0.5b-layers'] = dict(MODELS['qwen2-0.5b'], vocab=None)
 
 
 class ModelDirs(dict):

@@ -2,9 +2,11 @@
 
 Three steps of the loop's own passes on the same workload (64 responses, 4096 tokens per
 micro-batch, two optimizer steps): once the optimizer state exists (steps 2 and 3), every
-step must peak at the same level (within 2 %) and leave the same memory allocated after it
-(within 1 MiB): a step that keeps a graph, a logits tensor or a gradient
-alive grows them. The peak must also lie between the static memory (weights, gradients,
+step must leave the same memory allocated after it (within 1 MiB; a step that keeps a
+graph, a logits tensor or a gradient alive grows it) and peak at about the same level
+(within 5 %: on an H100, torch 2.11, the same batch peaked at 11826 and 11377 MiB in steps
+2 and 3 in one run, 11891 and 11442 in another, step 3 below step 2 both times, with the
+memory after each step equal to the byte: a spread, not growth). The peak must also lie between the static memory (weights, gradients,
 AdamW's two moments) and that plus 24 GiB (a micro-batch of 4096 tokens keeps about 5 GiB
 of bf16 activations and 1.2 GiB of logits over the 151936-token vocabulary, their gradient
 as much again).
@@ -40,6 +42,6 @@ def test_peak_memory_per_rl_step_is_steady(model_dirs, device) -> None:
         'params': params, 'real_tokens': tokens, 'max_tokens_per_micro_batch': 4096,
         'peak_mib_per_step': peaks, 'allocated_after_mib': after, 'static_mib': static,
         'grad_norm': metrics.get('optim/grad_norm')})
-    assert max(peaks[1:]) <= 1.02 * min(peaks[1:]), peaks
+    assert max(peaks[1:]) <= 1.05 * min(peaks[1:]), peaks
     assert abs(after[2] - after[1]) <= 1.0, after
     assert static <= peaks[-1] <= static + 24 * 1024, (static, peaks)

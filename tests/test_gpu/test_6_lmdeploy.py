@@ -5,6 +5,9 @@ Qwen2 (started by the backend's ``launch``), the trainer's policy in bf16 on the
 
 * generate: 8 prompts x 32 new tokens at temperature 1; the server's logprobs match the
   trainer's scoring of the same tokens per token within the bf16 tolerance;
+* the same at temperature 0.7: the backend declares LMDeploy's logprobs raw
+  (``logprob_temperature`` 1); they match the trainer's temperature-1 scoring and not its
+  scoring at 0.7;
 * weight update over CUDA IPC (the path for one GPU), with the server put to sleep after
   each generation and woken around the push: after perturbing the trainer's weights the
   server's logprobs match the NEW weights' scoring and no longer the old ones';
@@ -51,7 +54,14 @@ def test_lmdeploy_pytorch_engine_generates_updates_and_sleeps(model_dirs, device
     try:
         backend.attach(policy.llm, policy.tokenizer)
         first = rollout_vs_trainer(policy, _prompts(8), 32, backend=backend)
+        warm = rollout_vs_trainer(policy, _prompts(8), 32, backend=backend, temperature=0.7)
+        record('lmdeploy[temperature 0.7]', warm)
         assert first['logprobs'].ok, str(first['logprobs'])
+        assert warm['logprob_temperature'] == 1.0, warm
+        assert warm['logprobs'].ok, str(warm['logprobs'])
+        assert not warm['logprobs_at_sampling_temperature'].ok, \
+            'the server\'s logprobs at temperature 0.7 are not raw: ' + \
+            str(warm['logprobs_at_sampling_temperature'])
         old = copy.deepcopy(policy)
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():

@@ -3,6 +3,7 @@ process from their IPC handles the way LMDeploy's model agent does it, by
 LMDeployProtocolDouble (not LMDeploy) run as a subprocess through ``launch.command``."""
 
 import copy
+import os
 import sys
 
 import pytest
@@ -16,10 +17,11 @@ from .test_lmdeploy_launch import GREEDY, PROMPTS, _expected, _perturb
 DOUBLE_COMMAND = [sys.executable, '-m', 'tests.test_rollout.protocol_double', '{model_path}',
                   '--server-name', '{host}', '--server-port', '{port}',
                   '--logprobs-mode', 'raw_logprobs']
-DOUBLE_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
+# the checkout first, then what the caller's path has (tools/gpu_run.sh's wheels)
+DOUBLE_ENV = {'PYTHONPATH': os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH')))),
+              'OMP_NUM_THREADS': '1'}
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason='CUDA IPC needs a GPU')
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 
 def test_ipc_weight_sync_with_sleep_and_wake(tiny_model_dir, tmp_path):

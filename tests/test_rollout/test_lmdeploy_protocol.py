@@ -20,7 +20,7 @@ from gepo_xtuner.rollout.lmdeploy.protocol import (
     encode_image,
     parse_generate_response,
 )
-from gepo_xtuner.rollout.lmdeploy.server import LMDeployServerProcess
+from gepo_xtuner.rollout.lmdeploy.server import SERVE_ENTRY, LMDeployServerProcess
 from gepo_xtuner.rollout.lmdeploy.weights import (
     buckets,
     check_weight_sync,
@@ -145,9 +145,9 @@ def test_default_launch_command_parses_with_lmdeploys_cli():
                                    python='/envs/lmd/bin/python', extra_args=['--session-len',
                                                                               '4096'])
     argv = server.argv()
-    assert argv[:5] == ['/envs/lmd/bin/python', '-m', 'lmdeploy', 'serve', 'api_server']
+    assert argv[:4] == ['/envs/lmd/bin/python', SERVE_ENTRY, 'serve', 'api_server']
     SubCliServe.add_parsers()
-    args = CLI.parser.parse_args(argv[3:])
+    args = CLI.parser.parse_args(argv[2:])
     assert (args.model_path, args.server_name, args.server_port) == ('/models/qwen',
                                                                      '127.0.0.1', 24000)
     assert (args.backend, args.tp, args.logprobs_mode) == ('pytorch', 2, 'raw_logprobs')

@@ -12,6 +12,9 @@ from typing import Any
 
 import httpx
 
+# run as a script by the server's interpreter (it needs LMDeploy only, not this package)
+SERVE_ENTRY: str = str(Path(__file__).with_name('serve_entry.py'))
+
 LAUNCH_KEYS: frozenset[str] = frozenset(
     {'model_path', 'host', 'port', 'backend', 'tp', 'python', 'extra_args', 'env', 'log_file',
      'startup_timeout_s', 'command'})
@@ -40,8 +43,12 @@ class LMDeployServerProcess:
 
     The default command is::
 
-        PYTHON -m lmdeploy serve api_server MODEL_PATH --server-name HOST --server-port PORT
+        PYTHON SERVE_ENTRY serve api_server MODEL_PATH --server-name HOST --server-port PORT
             --backend BACKEND --tp TP --logprobs-mode raw_logprobs EXTRA_ARGS...
+
+    where ``SERVE_ENTRY`` is :mod:`~gepo_xtuner.rollout.lmdeploy.serve_entry`'s file:
+    ``python -m lmdeploy`` plus the single-GPU ``POST /update_weights`` that LMDeploy 0.18's
+    one-rank executor lacks (that module's docstring says why).
 
     ``python`` may be another environment's interpreter: LMDeploy pins torch and
     transformers versions that differ from the trainer's, so it often lives apart.
@@ -101,7 +108,7 @@ class LMDeployServerProcess:
         if self.command is not None:
             fields = {'model_path': model_path, 'host': self.host, 'port': self.port}
             return [a.format(**fields) for a in self.command]
-        return [self.python, '-m', 'lmdeploy', 'serve', 'api_server', model_path,
+        return [self.python, SERVE_ENTRY, 'serve', 'api_server', model_path,
                 '--server-name', self.host, '--server-port', str(self.port),
                 '--backend', self.backend, '--tp', str(self.tp),
                 '--logprobs-mode', 'raw_logprobs', *self.extra_args]

@@ -155,6 +155,11 @@ def push_ipc(pool: HTTPPool, model: nn.Module, cfg: dict) -> int:
         if not_cuda:
             raise RuntimeError(f"weight_sync mode 'ipc' shares CUDA memory with a server on the "
                                f'same GPU, but {not_cuda[0]} is on CPU; use mode nccl or disk')
+        # the server reads this memory on its own stream, in its own process: nothing orders
+        # that read after the kernels still writing it here (the optimizer step, a cast), so
+        # they must be finished before the handles leave
+        for device in {t.device for _, t in bucket}:
+            torch.cuda.synchronize(device)
         pool.request('POST', '/update_weights', retries=0,
                      json={'serialized_named_tensors': serialize_ipc(bucket), 'finished': last})
         count += 1
