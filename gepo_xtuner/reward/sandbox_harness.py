@@ -255,7 +255,7 @@ def _install_guard(block_network: bool, block_processes: bool, fs_guard: dict | 
 #: Types whose values leave the sandbox (exactly these: no subclasses, whose ``__eq__``
 #: or ``__hash__`` the code could have written).
 _PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes)
-_MAX_ITEMS = 1 << 20
+_MAX_ITEMS = remote._MAX_ITEMS  # the bounds the trainer decodes with
 
 
 def encode_value(value: object) -> object:
@@ -271,7 +271,7 @@ def encode_value(value: object) -> object:
 
     def enc(v: object, depth: int) -> object:
         budget[0] -= 1
-        if budget[0] < 0 or depth > 100:
+        if budget[0] < 0 or depth > remote._MAX_DEPTH:
             raise ValueError('the return value is too large or too deeply nested')
         t = type(v)
         if t in (type(None), bool, int, float, str):
@@ -292,27 +292,6 @@ def encode_value(value: object) -> object:
                         'safely (only builtin types: numbers, str, bytes, None, list, tuple, '
                         'set, frozenset, dict)')
     return enc(value, 0)
-
-
-def decode_value(data: object) -> object:
-    """The inverse of :func:`encode_value` (run by the trusted parent)."""
-    if isinstance(data, list):
-        return [decode_value(x) for x in data]
-    if not isinstance(data, dict):
-        return data
-    (tag, body), = data.items()
-    if tag == '__tuple__':
-        return tuple(decode_value(x) for x in body)
-    if tag in ('__set__', '__frozenset__'):
-        items = [decode_value(x) for x in body]
-        return set(items) if tag == '__set__' else frozenset(items)
-    if tag == '__dict__':
-        return {decode_value(k): decode_value(v) for k, v in body}
-    if tag == '__bytes__':
-        return bytes.fromhex(body)
-    if tag == '__complex__':
-        return complex(*body)
-    raise ValueError(f'unknown value tag {tag!r}')
 
 
 def _exit(code: object = None) -> None:
@@ -409,6 +388,65 @@ def _solution_process(spec: dict, channel: 'remote.Channel', test_pid: int) -> N
     remote.serve(namespace, channel)
 
 
+#: The test process's home and temporary directory: a path that does not exist under a
+#: root no run can write to, so that nothing a library looks for there (caches, config,
+#: ``.pth`` files of a user site) can be the solution's.
+JUDGE_HOME = '/nonexistent'
+#: Variables the test process keeps from the run's environment (the trainer passes only
+#: these and ``HOME`` / ``TMPDIR``, which point at the solution's folder).
+_JUDGE_ENV_KEEP = ('PATH', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS',
+                   'MKL_NUM_THREADS')
+
+
+def _judge_environment(landlock: dict | None) -> None:
+    """Gives the test process an environment of its own, before it reads anything.
+
+    ``HOME`` and ``TMPDIR`` become :data:`JUDGE_HOME`, every other variable but
+    :data:`_JUDGE_ENV_KEEP` goes, the working directory is ``/``; with Landlock
+    (``landlock``: :func:`apply_landlock`'s rules, the system's and the interpreter's
+    directories only) the kernel then refuses the process every read of the solution's
+    folder, ``/tmp`` and ``/dev/shm`` and every write but ``/dev/null``. Without
+    Landlock, :mod:`tempfile` is pointed at :data:`JUDGE_HOME` too (it would fall back to
+    ``/tmp``, the solution's folder in a bubblewrap sandbox).
+    """
+    kept = {k: os.environ[k] for k in _JUDGE_ENV_KEEP if k in os.environ}
+    os.environ.clear()
+    os.environ.update(kept, HOME=JUDGE_HOME, TMPDIR=JUDGE_HOME)
+    os.chdir('/')
+    if landlock is not None:
+        apply_landlock(**landlock)
+    else:
+        import tempfile  # noqa: PLC0415  (only without Landlock: see above)
+        tempfile.tempdir = JUDGE_HOME
+
+
+#: Audit events whose first argument is a path the process reads or lists.
+_TRACED_EVENTS = frozenset({'open', 'os.listdir', 'os.scandir', 'os.chdir', 'shutil.rmtree',
+                            'os.getxattr', 'os.listxattr'})
+
+
+def _trace_reads() -> list:
+    """Records what this process opens, lists and imports from now on (diagnostics: the
+    sandbox's ``trace_judge``; tests check that none of it is the solution's)."""
+    seen: list = []
+
+    def hook(event: str, args: tuple) -> None:
+        if event == 'import' and args:
+            seen.append(('import', str(args[0])))
+        elif event in _TRACED_EVENTS and args and isinstance(args[0], (str, bytes)):
+            path = os.fsdecode(args[0])
+            seen.append((event, os.path.join(os.getcwd(), path)))
+    sys.addaudithook(hook)
+    return seen
+
+
+def _trace_report(seen: list) -> dict:
+    """:func:`_trace_reads`'s record, and the file of every module loaded."""
+    files = sorted({f for m in list(sys.modules.values())
+                    if isinstance(f := getattr(m, '__file__', None), str)})
+    return {'events': [list(e) for e in seen[:100000]], 'module_files': files}
+
+
 def run_assert_tests(spec: dict, control) -> None:
     """Asserts mode: the solution and the tests in two processes (:mod:`sandbox_remote`).
 
@@ -448,13 +486,14 @@ def run_assert_tests(spec: dict, control) -> None:
             os._exit(status)  # never the trainer's atexit handlers or the code's threads
     for fd in (to_solution_r, to_tests_w, spec['code_fd']):
         os.close(fd)
+    trace = _trace_reads() if spec.get('trace_judge') else None
     if spec.get('drop_tests_to') is not None:
         uid, gid = spec['drop_tests_to']
         drop_privileges(uid, gid, [])
         _set_dumpable(False)  # a change of credentials may reset it
+    _judge_environment(spec.get('judge_landlock'))
     if spec.get('seccomp'):
         seccomp.apply_filter()
-    os.chdir('/')
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt inside a test's try
     with os.fdopen(spec['tests_fd'], encoding='utf-8') as f:
         tests = json.load(f)
@@ -468,7 +507,7 @@ def run_assert_tests(spec: dict, control) -> None:
     control.write('ready\n')
     control.flush()
     _last_steps(spec)
-    client = remote.SolutionClient(channel)
+    client = remote.SolutionClient(channel, frozenset(tests['modules']))
     nonce = tests['nonce']
     try:
         calls = remote.run_tests(client, tests['program'], tests['prelude'],
@@ -477,6 +516,10 @@ def run_assert_tests(spec: dict, control) -> None:
         control.write(f'unsupported {nonce} {json.dumps(str(exc))}\n')
         control.flush()
         os._exit(3)
+    finally:
+        if trace is not None:  # before the verdict, and on a failure too
+            control.write(f'judge-trace {json.dumps(_trace_report(trace))}\n')
+            control.flush()
     if calls == 0:
         raise AssertionError('the tests never called the solution')
     control.write(f'asserts-ok {nonce} {calls}\n')

@@ -39,7 +39,7 @@ import os
 import sys
 
 __all__ = ['Channel', 'RemoteObject', 'SolutionBroke', 'SolutionClient', 'UnsupportedTest',
-           'run_tests', 'serve']
+           'decode_value', 'run_tests', 'serve']
 
 #: Longest message accepted on the pipe (a return value of up to this many bytes of JSON).
 MAX_MESSAGE_BYTES = 64 << 20
@@ -131,15 +131,49 @@ def _encode(value: object, ref) -> object:
     return enc(value, 0)
 
 
-def _decode(data: object, ref) -> object:
-    """The inverse of :func:`_encode`; ``ref(id)`` gives the object of a ``__ref__``.
+#: Most values of equal hash a decoded set or dict may hold: more is refused (a set of
+#: ints sharing one hash takes quadratic time to build, 18 s for 24,000 of them).
+MAX_EQUAL_HASHES = 64
+
+
+def _no_collisions(items: list) -> None:
+    """Refuses keys of which too many share one hash (built in linear time or not at all).
 
     Raises:
-        ValueError, TypeError: data that :func:`_encode` does not produce.
+        ValueError: more than :data:`MAX_EQUAL_HASHES` items share a hash, or an item is
+            unhashable.
     """
+    if len(items) <= MAX_EQUAL_HASHES:
+        return
+    counts: dict[int, int] = {}
+    for item in items:
+        h = hash(item)  # TypeError for an unhashable item: caught by the caller
+        counts[h] = counts.get(h, 0) + 1  # the hashes themselves are ints of distinct value
+        if counts[h] > MAX_EQUAL_HASHES:
+            raise ValueError(f'more than {MAX_EQUAL_HASHES} items of a set or dict share a '
+                             'hash (refused: they would take quadratic time to build)')
+
+
+def _decode(data: object, ref=None) -> object:
+    """The inverse of :func:`_encode`; ``ref(id)`` gives the object of a ``__ref__`` (None:
+    a reference is refused).
+
+    Bounded like :func:`_encode`: depth at most :data:`_MAX_DEPTH` (the same limit),
+    at most :data:`_MAX_ITEMS` values in all, no set or dict with more than
+    :data:`MAX_EQUAL_HASHES` keys of one hash. Anything else raises ``ValueError``, and
+    only that: every other failure (a malformed tag body, an unhashable key, an integer
+    too long for ``str``) is turned into one, so a caller that treats ``ValueError`` as a
+    wrong answer never meets another exception from the data.
+
+    Raises:
+        ValueError: data that :func:`_encode` does not produce, or outside the bounds.
+    """
+    budget = [_MAX_ITEMS]
+
     def dec(d: object, depth: int) -> object:
-        if depth > _MAX_DEPTH + 1:
-            raise ValueError('nested too deeply')
+        budget[0] -= 1
+        if budget[0] < 0 or depth > _MAX_DEPTH:
+            raise ValueError('a value too large or too deeply nested')
         t = type(d)
         if t in (type(None), bool, int, float, str):
             return d
@@ -149,33 +183,49 @@ def _decode(data: object, ref) -> object:
             raise ValueError(f'not a value: {t.__name__}')
         (tag, body), = d.items()
         if tag == '__ref__':
-            if type(body) is not int:
-                raise ValueError('a reference that is not an integer')
+            if type(body) is not int or ref is None:
+                raise ValueError('a reference where none is expected')
             return ref(body)
         if tag == '__bytes__':
+            if type(body) is not str:
+                raise ValueError('bytes that are not hex text')
             return bytes.fromhex(body)
         if tag == '__complex__':
-            real, imag = body
-            if type(real) is not float or type(imag) is not float:
-                raise ValueError('a complex number of non-floats')
-            return complex(real, imag)
+            if type(body) is not list or len(body) != 2 or any(
+                    type(x) is not float for x in body):
+                raise ValueError('a complex number that is not two floats')
+            return complex(*body)
         if type(body) is not list:
             raise ValueError(f'{tag} without a list')
         if tag == '__tuple__':
             return tuple(dec(x, depth + 1) for x in body)
-        if tag == '__set__':
-            return {dec(x, depth + 1) for x in body}
-        if tag == '__frozenset__':
-            return frozenset(dec(x, depth + 1) for x in body)
+        if tag in ('__set__', '__frozenset__'):
+            items = [dec(x, depth + 1) for x in body]
+            _no_collisions(items)
+            return set(items) if tag == '__set__' else frozenset(items)
         if tag == '__dict__':
-            out = {}
+            pairs = []
             for pair in body:
                 if type(pair) is not list or len(pair) != 2:
                     raise ValueError('a dict item that is not a pair')
-                out[dec(pair[0], depth + 1)] = dec(pair[1], depth + 1)
-            return out
+                pairs.append((dec(pair[0], depth + 1), dec(pair[1], depth + 1)))
+            _no_collisions([k for k, _ in pairs])
+            return dict(pairs)
         raise ValueError(f'unknown tag {tag!r}')
-    return dec(data, 0)
+    try:
+        return dec(data, 0)
+    except (TypeError, RecursionError, MemoryError, OverflowError) as exc:
+        raise ValueError(f'a value that cannot be rebuilt: {type(exc).__name__}: {exc}') from None
+
+
+def decode_value(data: object) -> object:
+    """A value that left the sandbox as typed JSON, rebuilt from builtin types only (run
+    by the trusted parent: no references, the bounds of :func:`_decode`).
+
+    Raises:
+        ValueError: anything but what the harness's ``encode_value`` writes.
+    """
+    return _decode(data)
 
 
 # ------------------------------------------------------------------- solution process
@@ -285,10 +335,18 @@ class SolutionClient:
 
     Everything that comes back is checked before use; anything but a well-formed answer
     raises :class:`SolutionBroke`. ``calls`` counts the calls made into the solution.
+
+    Args:
+        channel: the pipe to the solution process.
+        modules: the top-level modules this process may import when the solution's
+            module binds a name to one (decided by the trainer before the solution
+            ran: what the test program and its prelude import, and the standard library);
+            any other module the solution names is refused, never imported.
     """
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, modules: frozenset[str] = frozenset()) -> None:
         self._channel = channel
+        self._allowed = modules
         self._proxies: dict[int, RemoteObject] = {}
         self._modules: object = {}
         self.calls = 0
@@ -335,7 +393,13 @@ class SolutionClient:
 
         A module the solution imported is imported here by its name (``import numpy
         as np`` gives this process's own ``numpy`` as ``np``), never proxied: the tests
-        call library functions the solution could have patched in its process.
+        call library functions the solution could have patched in its process. Only a
+        module of the allowed set (the constructor's ``modules``) is: importing runs
+        the module's code in this process, and a module of the solution's choosing could
+        read what the solution wrote (a cache under its home) while doing so.
+
+        Raises:
+            SolutionBroke: the answer is malformed, or names a module outside the set.
         """
         found = self._roundtrip({'op': 'names', 'names': list(names)}, 'names')
         if type(found) is not dict or not set(found) <= set(names):
@@ -345,7 +409,13 @@ class SolutionClient:
             raise SolutionBroke('the solution process answered names it was not asked')
         for name, module in modules.items():
             if type(module) is not str or not all(p.isidentifier() for p in module.split('.')):
-                raise SolutionBroke(f'the solution process named a module {module!r}')
+                raise SolutionBroke(f'the solution process named a module {module!r:.100}')
+            if module.partition('.')[0] not in self._allowed:
+                raise SolutionBroke(
+                    f'the solution binds {name!r} to the module {module!r:.100}, which the '
+                    'tests do not import and the standard library does not have: refused '
+                    '(the test process imports only what the test program imports and the '
+                    'standard library)')
             try:
                 found[name] = importlib.import_module(module)
             except ImportError:
