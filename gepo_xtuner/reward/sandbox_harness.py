@@ -398,6 +398,9 @@ _JUDGE_ENV_KEEP = ('PATH', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_TH
                    'MKL_NUM_THREADS')
 
 
+_JUDGE_LANDLOCK = [False]  # whether the test process runs under its Landlock rules
+
+
 def _judge_environment(landlock: dict | None) -> None:
     """Gives the test process an environment of its own, before it reads anything.
 
@@ -409,12 +412,14 @@ def _judge_environment(landlock: dict | None) -> None:
     Landlock, :mod:`tempfile` is pointed at :data:`JUDGE_HOME` too (it would fall back to
     ``/tmp``, the solution's folder in a bubblewrap sandbox).
     """
+    home = JUDGE_HOME
     kept = {k: os.environ[k] for k in _JUDGE_ENV_KEEP if k in os.environ}
     os.environ.clear()
-    os.environ.update(kept, HOME=JUDGE_HOME, TMPDIR=JUDGE_HOME)
+    os.environ.update(kept, HOME=home, TMPDIR=JUDGE_HOME)
     os.chdir('/')
     if landlock is not None:
         apply_landlock(**landlock)
+        _JUDGE_LANDLOCK[0] = True
     else:
         import tempfile  # noqa: PLC0415  (only without Landlock: see above)
         tempfile.tempdir = JUDGE_HOME
@@ -434,17 +439,23 @@ def _trace_reads() -> list:
         if event == 'import' and args:
             seen.append(('import', str(args[0])))
         elif event in _TRACED_EVENTS and args and isinstance(args[0], (str, bytes)):
-            path = os.fsdecode(args[0])
-            seen.append((event, os.path.join(os.getcwd(), path)))
+            path = os.path.join(os.getcwd(), os.fsdecode(args[0]))
+            mode, flags = (tuple(args[1:3]) + (None, None))[:2] if event == 'open' else (
+                None, None)
+            write = bool((flags or 0) & _WRITE_FLAGS) or any(c in (mode or '') for c in 'wax+')
+            seen.append((event, path, os.path.realpath(path), 'write' if write else 'read'))
     sys.addaudithook(hook)
     return seen
 
 
 def _trace_report(seen: list) -> dict:
-    """:func:`_trace_reads`'s record, and the file of every module loaded."""
+    """:func:`_trace_reads`'s record, and the name and file of every module loaded (an
+    import through :mod:`importlib` raises no ``import`` event)."""
     files = sorted({f for m in list(sys.modules.values())
                     if isinstance(f := getattr(m, '__file__', None), str)})
-    return {'events': [list(e) for e in seen[:100000]], 'module_files': files}
+    return {'events': [list(e) for e in seen[:100000]], 'module_files': files,
+            'modules': sorted(sys.modules),
+            'landlock': _JUDGE_LANDLOCK[0]}
 
 
 def run_assert_tests(spec: dict, control) -> None:
