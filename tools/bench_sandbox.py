@@ -46,6 +46,7 @@ BEFORE_REV = '99f01ae'
 BEFORE_LEVEL = 'bwrap'  # its name for the strongest level
 #: The last revision that ran assert-form tests in the solution's own process.
 ASSERTS_BEFORE_REV = 'cf8ed42'
+#: The sandbox's files in those revisions (before it became the package reward/sandbox/).
 FILES = ('sandbox.py', 'sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py')
 PROBLEM = {'tests': [{'input': '2 3\n', 'output': '5\n'}]}
 RIGHT = '```python\na, b = map(int, input().split())\nprint(a + b)\n```'

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ..registry import REWARDS
 from .base import Reward
 from .sandbox import AssertTests, Sandbox
-from .sandbox_remote import free_names, unsupported_arguments
+from .sandbox.trainer_tests import free_names, unsupported_arguments
 
 __all__ = ['CodeReward', 'TestCase', 'extract_code', 'parse_tests']
 
@@ -59,7 +59,7 @@ class TestCase:
     * ``'asserts'``: the program ``asserts`` (MBPP's ``test_list``, HumanEval's
       ``check``) must run to its end, every assert true, in a process of its own that
       calls the solution's ``names`` in the solution's process
-      (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``prelude`` (HumanEval's ``prompt``)
+      (:mod:`~gepo_xtuner.reward.sandbox.judge_side`); ``prelude`` (HumanEval's ``prompt``)
       runs before the tests in their process, and before a solution that does not
       define ``entry_point`` in the solution's.
     """

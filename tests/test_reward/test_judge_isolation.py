@@ -336,9 +336,9 @@ def test_the_judge_reads_nothing_the_solution_can_write_as_nobody():
 
 #: patched copies of the sandbox, each undoing one of the two rules
 MUTANTS = {
-    'home_is_the_solutions': ('sandbox_harness.py', '    home = JUDGE_HOME\n',
+    'home_is_the_solutions': ('judge_side.py', '    home = JUDGE_HOME\n',
                               "    home = os.environ['HOME']\n"),
-    'solution_modules_imported': ('sandbox_remote.py',
+    'solution_modules_imported': ('judge_side.py',
                                   "            if module.partition('.')[0] not in self._allowed:",
                                   '            if False:'),
 }
@@ -352,9 +352,10 @@ def test_the_trace_catches_each_way_back_in(mutant):
     level = SAFE_LEVELS[0]
     name, old, new = MUTANTS[mutant]
     with sandbox_copy() as work:
-        source = (work / 'boxpkg' / name).read_text()
+        path = work / 'boxpkg' / 'sandbox' / name
+        source = path.read_text()
         assert source.count(old) == 1, f'{name} changed: update the mutant'
-        (work / 'boxpkg' / name).write_text(source.replace(old, new))
+        path.write_text(source.replace(old, new))
         (work / 'jobs.json').write_text(json.dumps(_trace_jobs()))
         done = subprocess.run([sys.executable, '-I', '-c', _NOBODY_CHAIN, str(work),
                                str(work / 'jobs.json')], capture_output=True, text=True,

@@ -28,7 +28,7 @@ from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
 from .test_code import harness_processes
 
 CHECKOUT = Path(__file__).parents[2]
-HARNESS = CHECKOUT / 'gepo_xtuner' / 'reward' / 'sandbox_harness.py'
+HARNESS = CHECKOUT / 'gepo_xtuner' / 'reward' / 'sandbox' / 'harness.py'
 WHY_NOT = available_levels()
 LEVELS_HERE = [level for level in reversed(LEVELS) if WHY_NOT[level] is None]
 KERNEL_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]

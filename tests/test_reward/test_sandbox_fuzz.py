@@ -17,9 +17,8 @@ from gepo_xtuner.reward import CodeReward
 from gepo_xtuner.reward.base import RewardRouter
 from gepo_xtuner.reward.code import _same_token, same_stdout, same_value
 from gepo_xtuner.reward.sandbox import available_levels
-from gepo_xtuner.reward.sandbox_harness import encode_value
-from gepo_xtuner.reward.sandbox_remote import (_MAX_DEPTH, MAX_EQUAL_HASHES, _decode, _encode,
-                                               decode_value)
+from gepo_xtuner.reward.sandbox.wire import (_MAX_DEPTH, MAX_EQUAL_HASHES, _decode, _encode,
+                                             decode_value, encode_value)
 
 WHY_NOT = available_levels()
 SAFE_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]

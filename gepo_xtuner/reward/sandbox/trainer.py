@@ -1,4 +1,8 @@
-"""Runs untrusted Python code in a separate, limited process (the code reward's sandbox).
+"""Runs untrusted Python code in a separate, limited process: the trainer's side of the sandbox.
+
+What the grader trusts on each side, per test form: docs/rewards.md, "What the grader
+trusts" (the process this module starts runs :mod:`.harness`; the test process of an
+assert run, :mod:`.judge_side`, runs nothing the solution can shape).
 
 The policy writes thousands of programs per step and is optimised to raise their score, so
 the sandbox is a security boundary: it holds against a program written to break it, in
@@ -73,18 +77,20 @@ except ImportError:  # the module also works on its own (stdlib only)
         """Fallback for mmengine's ``print_log``: the standard ``logging`` module."""
         logging.getLogger('gepo_xtuner.reward.sandbox').log(level, msg)
 
-from .sandbox_harness import landlock_abi
-from .sandbox_remote import decode_value, free_names, imported_modules
-from .sandbox_seccomp import supported as _seccomp_arch_support
+from .limits import landlock_abi
+from .syscall_filter import supported as _seccomp_arch_support
+from .trainer_tests import free_names, imported_modules
+from .wire import decode_value
 
 __all__ = ['LEVELS', 'UID_BASE', 'AssertTests', 'Sandbox', 'SandboxError', 'SandboxResult',
            'UnsupportedTestError', 'available_levels', 'bwrap_executable', 'cgroup_support',
            'namespaces_available', 'seccomp_support']
 
-_HARNESS = str(Path(__file__).with_name('sandbox_harness.py'))
-#: The harness and the two modules it loads (shown read-only inside a bwrap sandbox).
+_HARNESS = str(Path(__file__).with_name('harness.py'))
+#: The harness and the modules it loads (shown read-only inside a bwrap sandbox).
 _HARNESS_FILES = tuple(str(Path(__file__).with_name(name)) for name in
-                       ('sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py'))
+                       ('harness.py', 'limits.py', 'wire.py', 'solution_side.py',
+                        'judge_side.py', 'syscall_filter.py'))
 # root makes the namespaces itself (a user namespace would map the code to host root)
 _UNSHARE_ARGS = ('--net', '--pid', '--fork', '--kill-child')
 _UNSHARE_ARGS_USER = ('--map-root-user', *_UNSHARE_ARGS)
@@ -163,7 +169,7 @@ class AssertTests:
             ``prompt``, whose helper functions the tests call), '' for none.
         entry_point: a name that is always looked up in the solution (HumanEval's).
         names: names the program reads without defining them, looked up in the
-            solution's module (default: :func:`~gepo_xtuner.reward.sandbox_remote.free_names`
+            solution's module (default: :func:`~.trainer_tests.free_names`
             of ``program``, builtins left out, so the code cannot shadow a builtin the
             tests call).
     """
@@ -197,7 +203,7 @@ class SandboxResult:
         stdout: what the code printed (UTF-8, undecodable bytes replaced).
         stderr: the last 4 KiB of its standard error.
         value: call mode: the function's return value, rebuilt from builtin types only
-            (:func:`~gepo_xtuner.reward.sandbox_harness.encode_value`: tuples stay
+            (:func:`~.wire.encode_value`: tuples stay
             tuples, dict keys keep their types); asserts mode: how many asserts passed.
         has_value: call mode: whether the function returned a value that could leave
             the sandbox (``value`` may be None); asserts mode: whether every assert
@@ -379,14 +385,14 @@ def _landlock_abi_cached() -> int:
 
 @functools.cache
 def seccomp_support() -> str | None:
-    """None if the seccomp filter (:mod:`~gepo_xtuner.reward.sandbox_seccomp`) can be
+    """None if the seccomp filter (:mod:`.syscall_filter`) can be
     installed here, else why not: probed once by installing it in a child process and
     checking that ``unshare`` is then refused."""
     why = _seccomp_arch_support()
     if why is not None:
         return why
-    probe = ('import ctypes, sys; sys.path.insert(0, sys.argv[1]); import sandbox_seccomp; '
-             'sandbox_seccomp.apply_filter(); libc = ctypes.CDLL(None, use_errno=True); '
+    probe = ('import ctypes, sys; sys.path.insert(0, sys.argv[1]); import syscall_filter; '
+             'syscall_filter.apply_filter(); libc = ctypes.CDLL(None, use_errno=True); '
              'sys.exit(0 if libc.unshare(0) == -1 and ctypes.get_errno() == 1 else 3)')
     try:
         done = subprocess.run([sys.executable, '-I', '-S', '-c', probe,
@@ -749,7 +755,7 @@ def _call_values(lines: list[str], wanted: int) -> list | None:
     the channel: every failure of parsing or rebuilding (a line nested 100,000 deep, an
     integer of 5,000 digits, a set of colliding keys, a missing key, an answer too many)
     is a wrong answer here, never an exception out of the reward. Bounded in time by the
-    channel's size (RLIMIT_FSIZE) and :func:`~gepo_xtuner.reward.sandbox_remote.decode_value`.
+    channel's size (RLIMIT_FSIZE) and :func:`.wire.decode_value`.
     """
     if len(lines) != wanted:
         return None
@@ -860,7 +866,7 @@ class Sandbox:
             asserts: asserts mode: a test program (MBPP's ``test_list``, HumanEval's
                 ``check(candidate)``; :class:`AssertTests`, or its program alone) run in a
                 process of its own against the code's names
-                (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``has_value`` only if it
+                (:mod:`.judge_side`); ``has_value`` only if it
                 ran to its end, and ``value`` is how many calls it made into the code.
 
         Raises:
