@@ -242,7 +242,7 @@ def test_auto_picks_the_strongest_level_and_reports_it(capsys):
 
 def test_min_containment_refuses_to_run_below_it(monkeypatch):
     """A required level that is not available is a clear error naming what to install."""
-    import gepo_xtuner.reward.sandbox as sandbox_module
+    import gepo_xtuner.reward.sandbox.trainer as sandbox_module
     monkeypatch.setattr(sandbox_module, 'available_levels', lambda python=None: {
         'isolated': 'no bwrap binary', 'contained': 'the kernel has no Landlock',
         'unsafe_files': None, 'unsafe': None})
