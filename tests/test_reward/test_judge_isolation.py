@@ -210,28 +210,11 @@ print('planted', len(planted))
 def add(a, b):
     return a + b
 '''
-#: The tests: import libraries that look in user folders at import, then the check.
-TRACED_TESTS = '''
-try:
-    import yapf
-except Exception:
-    pass
-try:
-    import matplotlib
-except Exception:
-    pass
-try:
-    import numpy
-except Exception:
-    pass
-try:
-    import platformdirs
-except Exception:
-    pass
-try:
-    import pip._vendor.platformdirs
-except Exception:
-    pass
+#: Libraries that look in user folders (caches, config) at import.
+TRACED_LIBRARIES = ('yapf', 'matplotlib', 'numpy', 'platformdirs', 'pip._vendor.platformdirs')
+#: The tests: import those (each where installed: nobody's Python has few), then the check.
+TRACED_TESTS = ''.join(f'try:\n    import {m}\nexcept Exception:\n    pass\n'
+                       for m in TRACED_LIBRARIES) + '''
 import json, tempfile, site
 assert add(2, 3) == 5
 try:

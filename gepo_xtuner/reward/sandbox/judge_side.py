@@ -316,7 +316,7 @@ def judge_environment(landlock: dict | None) -> None:
 
     ``HOME`` and ``TMPDIR`` become :data:`JUDGE_HOME`, every other variable but
     :data:`_JUDGE_ENV_KEEP` goes, the working directory is ``/``; with Landlock
-    (``landlock``: :func:`apply_landlock`'s rules, the system's and the interpreter's
+    (``landlock``: :func:`.limits.apply_landlock`'s rules, the system's and the interpreter's
     directories only) the kernel then refuses the process every read of the solution's
     folder, ``/tmp`` and ``/dev/shm`` and every write but ``/dev/null``. Without
     Landlock, :mod:`tempfile` is pointed at :data:`JUDGE_HOME` too (it would fall back to
