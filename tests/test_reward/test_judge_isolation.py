@@ -109,7 +109,6 @@ def _as_nobody(jobs: list[tuple[str, dict]]) -> dict:
 
 def _assert_tests(record: dict, name: str, code: str) -> tuple[str, dict]:
     """The sandbox request CodeReward makes for ``code`` against ``record``."""
-
     from gepo_xtuner.reward.code import parse_tests
     case, = parse_tests(record)
     if case.entry_point and f'def {case.entry_point}(' not in code:
