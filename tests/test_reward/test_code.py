@@ -18,7 +18,7 @@ from gepo_xtuner.reward import CodeReward, RewardRouter
 from gepo_xtuner.reward.code import extract_code, parse_tests
 from gepo_xtuner.reward.sandbox import Sandbox, SandboxError, available_levels
 
-HARNESS = str(Path(__file__).parents[2] / 'gepo_xtuner' / 'reward' / 'sandbox_harness.py')
+HARNESS = str(Path(__file__).parents[2] / 'gepo_xtuner' / 'reward' / 'sandbox' / 'harness.py')
 MODES = [level for level, why_not in available_levels().items() if why_not is None]
 
 # LiveCodeBench-like stdin problem: maximum subarray sum.

@@ -6,7 +6,8 @@ import importlib
 import pytest
 
 MODULES = ['answer', 'base', 'chart', 'choice', 'code', 'instruction', 'math',
-           'math_check', 'numeric', 'numeric_check', 'sandbox', 'worker']
+           'math_check', 'numeric', 'numeric_check', 'sandbox.trainer', 'sandbox.trainer_tests',
+           'worker']
 
 
 @pytest.mark.parametrize('name', MODULES)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import gepo_xtuner.reward.sandbox as sandbox_module
+import gepo_xtuner.reward.sandbox.trainer as sandbox_module
 from gepo_xtuner.reward import CodeReward
 from gepo_xtuner.reward.sandbox import (UID_BASE, UID_SLOTS, Sandbox, available_levels,
                                         cgroup_support)
@@ -338,7 +338,7 @@ def test_the_paper_configs_refuse_the_unsafe_levels(monkeypatch):
     building its code reward is an error naming why."""
     from mmengine.config import Config
 
-    import gepo_xtuner.reward.sandbox as sandbox_module
+    import gepo_xtuner.reward.sandbox.trainer as sandbox_module
     from gepo_xtuner.registry import REWARDS
     from gepo_xtuner.reward.sandbox import SandboxError
     root = Path(__file__).parents[2]

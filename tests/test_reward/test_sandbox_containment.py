@@ -28,7 +28,7 @@ from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
 from .test_code import harness_processes
 
 CHECKOUT = Path(__file__).parents[2]
-HARNESS = CHECKOUT / 'gepo_xtuner' / 'reward' / 'sandbox_harness.py'
+HARNESS = CHECKOUT / 'gepo_xtuner' / 'reward' / 'sandbox' / 'harness.py'
 WHY_NOT = available_levels()
 LEVELS_HERE = [level for level in reversed(LEVELS) if WHY_NOT[level] is None]
 KERNEL_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is None]
@@ -242,7 +242,7 @@ def test_auto_picks_the_strongest_level_and_reports_it(capsys):
 
 def test_min_containment_refuses_to_run_below_it(monkeypatch):
     """A required level that is not available is a clear error naming what to install."""
-    import gepo_xtuner.reward.sandbox as sandbox_module
+    import gepo_xtuner.reward.sandbox.trainer as sandbox_module
     monkeypatch.setattr(sandbox_module, 'available_levels', lambda python=None: {
         'isolated': 'no bwrap binary', 'contained': 'the kernel has no Landlock',
         'unsafe_files': None, 'unsafe': None})

@@ -1,4 +1,8 @@
-"""Runs untrusted Python code in a separate, limited process (the code reward's sandbox).
+"""Runs untrusted Python code in a separate, limited process: the trainer's side of the sandbox.
+
+What the grader trusts on each side, per test form: docs/rewards.md, "What the grader
+trusts" (the process this module starts runs :mod:`.harness`; the test process of an
+assert run, :mod:`.judge_side`, runs nothing the solution can shape).
 
 The policy writes thousands of programs per step and is optimised to raise their score, so
 the sandbox is a security boundary: it holds against a program written to break it, in
@@ -73,18 +77,20 @@ except ImportError:  # the module also works on its own (stdlib only)
         """Fallback for mmengine's ``print_log``: the standard ``logging`` module."""
         logging.getLogger('gepo_xtuner.reward.sandbox').log(level, msg)
 
-from .sandbox_harness import decode_value, landlock_abi
-from .sandbox_remote import free_names, imported_modules
-from .sandbox_seccomp import supported as _seccomp_arch_support
+from .limits import landlock_abi
+from .syscall_filter import supported as _seccomp_arch_support
+from .trainer_tests import free_names, imported_modules
+from .wire import decode_value
 
 __all__ = ['LEVELS', 'UID_BASE', 'AssertTests', 'Sandbox', 'SandboxError', 'SandboxResult',
            'UnsupportedTestError', 'available_levels', 'bwrap_executable', 'cgroup_support',
            'namespaces_available', 'seccomp_support']
 
-_HARNESS = str(Path(__file__).with_name('sandbox_harness.py'))
-#: The harness and the two modules it loads (shown read-only inside a bwrap sandbox).
+_HARNESS = str(Path(__file__).with_name('harness.py'))
+#: The harness and the modules it loads (shown read-only inside a bwrap sandbox).
 _HARNESS_FILES = tuple(str(Path(__file__).with_name(name)) for name in
-                       ('sandbox_harness.py', 'sandbox_remote.py', 'sandbox_seccomp.py'))
+                       ('harness.py', 'limits.py', 'wire.py', 'solution_side.py',
+                        'judge_side.py', 'syscall_filter.py'))
 # root makes the namespaces itself (a user namespace would map the code to host root)
 _UNSHARE_ARGS = ('--net', '--pid', '--fork', '--kill-child')
 _UNSHARE_ARGS_USER = ('--map-root-user', *_UNSHARE_ARGS)
@@ -132,6 +138,11 @@ _INSTALL_HINTS = {
                      '(sysctl user.max_user_namespaces > 0)'),
     'unsafe': 'nothing (always available)',
 }
+#: Standard-library modules whose import does something (opens a browser, prints): never
+#: imported in the test process on the solution's word.
+_JUDGE_NEVER_IMPORTS = frozenset({'antigravity', 'this', '__hello__', '__phello__', '__main__',
+                                  'idlelib', 'turtledemo', 'turtle', 'tkinter', 'ensurepip',
+                                  'venv', 'pydoc', 'webbrowser'})
 _reported: set[tuple[str, str]] = set()
 _report_lock = threading.Lock()
 
@@ -158,7 +169,7 @@ class AssertTests:
             ``prompt``, whose helper functions the tests call), '' for none.
         entry_point: a name that is always looked up in the solution (HumanEval's).
         names: names the program reads without defining them, looked up in the
-            solution's module (default: :func:`~gepo_xtuner.reward.sandbox_remote.free_names`
+            solution's module (default: :func:`~.trainer_tests.free_names`
             of ``program``, builtins left out, so the code cannot shadow a builtin the
             tests call).
     """
@@ -185,26 +196,33 @@ class SandboxResult:
             (stdout reached ``max_output_bytes``) or ``'disk_limit'`` (the working
             directory outgrew ``disk_mb`` and the run was killed; levels below bwrap,
             where the bwrap ``tmpfs`` instead answers ENOSPC) or ``'memory_limit'`` (the
-            kernel killed a process for the run's memory cgroup limit).
+            kernel killed a process for the run's memory cgroup limit) or
+            ``'invalid_output'`` (call mode: the run ended normally but its answers are
+            not exactly one well-formed, bounded value per call: a wrong answer).
         returncode: the process's exit code (negative: killed by that signal).
         stdout: what the code printed (UTF-8, undecodable bytes replaced).
         stderr: the last 4 KiB of its standard error.
         value: call mode: the function's return value, rebuilt from builtin types only
-            (:func:`~gepo_xtuner.reward.sandbox_harness.encode_value`: tuples stay
+            (:func:`~.wire.encode_value`: tuples stay
             tuples, dict keys keep their types); asserts mode: how many asserts passed.
         has_value: call mode: whether the function returned a value that could leave
             the sandbox (``value`` may be None); asserts mode: whether every assert
             passed and the run reached its end.
         wall_s: wall-clock seconds of the run.
+        judge_trace: asserts mode with :attr:`Sandbox.trace_judge` only: what the test
+            process opened, listed and imported after the fork (``events``: ``[event,
+            path or module]``) and the files of all its modules (``module_files``).
     """
 
-    status: Literal['ok', 'error', 'timeout', 'output_limit', 'disk_limit', 'memory_limit']
+    status: Literal['ok', 'error', 'timeout', 'output_limit', 'disk_limit', 'memory_limit',
+                    'invalid_output']
     returncode: int | None
     stdout: str
     stderr: str
     value: Any = None
     has_value: bool = False
     wall_s: float = 0.0
+    judge_trace: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +231,7 @@ class _Interpreter:
 
     roots: tuple[str, ...]      # directories to expose read-only (prefixes, site dirs)
     site_dirs: tuple[str, ...]  # appended to sys.path (the harness runs with -S)
+    stdlib: frozenset[str] = frozenset()  # its sys.stdlib_module_names
 
 
 @functools.cache
@@ -220,11 +239,12 @@ def _interpreter(python: str) -> _Interpreter:
     """Asks ``python`` for its prefixes and site-packages directories (once per path)."""
     probe = ('import json, site, sys; print(json.dumps([[sys.prefix, sys.base_prefix, '
              'sys.exec_prefix, sys.base_exec_prefix], site.getsitepackages(), '
-             'sys.executable]))')
+             'sys.executable, sorted(sys.stdlib_module_names)]))')
     try:
         done = subprocess.run([python, '-I', '-c', probe], stdin=subprocess.DEVNULL,
                               capture_output=True, timeout=60, check=True, text=True)
-        prefixes, site_dirs, executable = json.loads(done.stdout.strip().splitlines()[-1])
+        prefixes, site_dirs, executable, stdlib = json.loads(
+            done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         raise SandboxError(f'cannot run the sandbox interpreter {python!r}: {exc}') from exc
     site_dirs = [d for d in site_dirs if os.path.isdir(d)]
@@ -239,7 +259,7 @@ def _interpreter(python: str) -> _Interpreter:
                                'directory (a virtual environment or /usr)')
         if not any(path.startswith(os.path.join(r, '')) or path == r for r in roots):
             roots.append(path)
-    return _Interpreter(tuple(roots), tuple(site_dirs))
+    return _Interpreter(tuple(roots), tuple(site_dirs), frozenset(stdlib) - _JUDGE_NEVER_IMPORTS)
 
 
 def bwrap_executable() -> str | None:
@@ -365,14 +385,14 @@ def _landlock_abi_cached() -> int:
 
 @functools.cache
 def seccomp_support() -> str | None:
-    """None if the seccomp filter (:mod:`~gepo_xtuner.reward.sandbox_seccomp`) can be
+    """None if the seccomp filter (:mod:`.syscall_filter`) can be
     installed here, else why not: probed once by installing it in a child process and
     checking that ``unshare`` is then refused."""
     why = _seccomp_arch_support()
     if why is not None:
         return why
-    probe = ('import ctypes, sys; sys.path.insert(0, sys.argv[1]); import sandbox_seccomp; '
-             'sandbox_seccomp.apply_filter(); libc = ctypes.CDLL(None, use_errno=True); '
+    probe = ('import ctypes, sys; sys.path.insert(0, sys.argv[1]); import syscall_filter; '
+             'syscall_filter.apply_filter(); libc = ctypes.CDLL(None, use_errno=True); '
              'sys.exit(0 if libc.unshare(0) == -1 and ctypes.get_errno() == 1 else 3)')
     try:
         done = subprocess.run([sys.executable, '-I', '-S', '-c', probe,
@@ -727,6 +747,30 @@ def _wait(proc: subprocess.Popen, timeout_s: float,
             os.close(pidfd)
 
 
+def _call_values(lines: list[str], wanted: int) -> list | None:
+    """The call-mode values on the control channel, or None if they are not exactly
+    ``wanted`` well-formed answers.
+
+    The solution shares the harness's process in call mode and can write anything to
+    the channel: every failure of parsing or rebuilding (a line nested 100,000 deep, an
+    integer of 5,000 digits, a set of colliding keys, a missing key, an answer too many)
+    is a wrong answer here, never an exception out of the reward. Bounded in time by the
+    channel's size (RLIMIT_FSIZE) and :func:`.wire.decode_value`.
+    """
+    if len(lines) != wanted:
+        return None
+    values = []
+    for line in lines:
+        try:
+            message = json.loads(line)
+            if type(message) is not dict or set(message) != {'value'}:
+                return None
+            values.append(decode_value(message['value']))
+        except (ValueError, RecursionError, MemoryError):
+            return None
+    return values
+
+
 class Sandbox:
     """Runs a Python program (stdin mode) or calls one of its functions (call mode).
 
@@ -798,6 +842,9 @@ class Sandbox:
                 "min_containment / isolation (the policy's code would then run with weaker "
                 'file-system containment, see docs/rewards.md)')
         self.isolation: Level = usable[0]
+        #: Diagnostics for tests: record what the test process of an assert run reads
+        #: (:attr:`SandboxResult.judge_trace`). Off in training.
+        self.trace_judge = False
         self._interp = _interpreter(self.python)
         setup = _bwrap_setup(self.python)
         self._bwrap = setup if self.isolation == 'isolated' else None
@@ -819,7 +866,7 @@ class Sandbox:
             asserts: asserts mode: a test program (MBPP's ``test_list``, HumanEval's
                 ``check(candidate)``; :class:`AssertTests`, or its program alone) run in a
                 process of its own against the code's names
-                (:mod:`~gepo_xtuner.reward.sandbox_remote`); ``has_value`` only if it
+                (:mod:`.judge_side`); ``has_value`` only if it
                 ran to its end, and ``value`` is how many calls it made into the code.
 
         Raises:
@@ -845,6 +892,14 @@ class Sandbox:
                 lease.release()
             _remove_tree(root)
 
+    def _judge_modules(self, asserts: AssertTests) -> list[str]:
+        """The top-level modules the test process may import for the solution (a name
+        the solution binds to a module): the test program's and its prelude's imports
+        and the interpreter's standard library. Decided here, before the solution runs,
+        from the record and the interpreter alone."""
+        return sorted({*imported_modules(asserts.program), *imported_modules(asserts.prelude),
+                       *self._interp.stdlib})
+
     def _read_roots(self) -> list[str]:
         return [d for d in _SYSTEM_DIRS if os.path.isdir(d)] + list(self._interp.roots)
 
@@ -859,6 +914,12 @@ class Sandbox:
         spec['landlock'] = None
         spec['fs_guard'] = None
         spec['seccomp'] = level in ('isolated', 'contained') and seccomp_support() is None
+        # the test process of an assert run reads only the system's and the interpreter's
+        # directories (never the solution's folder, /tmp or /dev/shm) and writes nothing
+        spec['judge_landlock'] = dict(
+            read=self._read_roots() + ['/proc'], write=[],
+            read_files=[*_SYSTEM_FILES, *_DEVICES_READ, *_HARNESS_FILES],
+            rw_files=list(_DEVICES_RW), block_tcp=False) if _landlock_abi_cached() else None
         if level == 'contained':
             spec['landlock'] = dict(read=self._read_roots(), write=[work],
                                     read_files=[*_SYSTEM_FILES, *_DEVICES_READ],
@@ -893,7 +954,9 @@ class Sandbox:
         nonce = uuid.uuid4().hex
         # read by the test process only; the code's process never holds them
         Path(paths['tests.json']).write_text(json.dumps(
-            {} if asserts is None else {'nonce': nonce, **asserts.spec()}), encoding='utf-8')
+            {} if asserts is None else {'nonce': nonce, **asserts.spec(),
+                                        'modules': self._judge_modules(asserts)}),
+            encoding='utf-8')
         # errors='replace': a lone surrogate from a bad decode is the solution's problem
         Path(paths['solution.py']).write_text(code, encoding='utf-8', errors='replace')
         Path(paths['stdin.txt']).write_text(stdin, encoding='utf-8', errors='replace')
@@ -921,7 +984,8 @@ class Sandbox:
                                       if lease is not None else None),
                     'own': [BOX_WORK_DIR] if lease is not None and bwrap else [],
                     # the prompt's imports (not the tests'): loaded once, before the fork
-                    'preload': list(imported_modules(asserts.prelude)) if asserts else []}
+                    'preload': list(imported_modules(asserts.prelude)) if asserts else [],
+                    'trace_judge': self.trace_judge}
             cmd = self._command(spec, host_work)
             try:
                 proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr,
@@ -956,6 +1020,10 @@ class Sandbox:
             raise SandboxError(f'the sandbox failed before running the code (exit code '
                                f'{returncode}): {stderr.strip()[-1000:]}')
         value, has_value = None, False
+        judge_trace = None
+        if asserts is not None and self.trace_judge:
+            traced = [line for line in lines if line.startswith('judge-trace ')]
+            judge_trace = json.loads(traced[-1].split(' ', 1)[1]) if traced else None
         if asserts is not None and len(lines) > 1 and \
                 lines[-1].startswith(f'unsupported {nonce} '):
             raise UnsupportedTestError(json.loads(lines[-1].split(' ', 2)[2]))
@@ -963,13 +1031,12 @@ class Sandbox:
             head, _, count = lines[-1].rpartition(' ')
             if head == f'asserts-ok {nonce}' and count.isdigit():
                 value, has_value = int(count), True
-        elif (fn_name is not None or calls) and finished and returncode == 0:
-            wanted = len(calls) if calls else 1
-            try:
-                values = [decode_value(json.loads(line)['value']) for line in lines[1:]]
-            except (ValueError, KeyError, TypeError):
-                values = []
-            if len(values) == wanted:
+        invalid = False
+        if (fn_name is not None or calls) and finished and returncode == 0:
+            values = _call_values(lines[1:], len(calls) if calls else 1)
+            if values is None:
+                invalid = True
+            else:
                 value, has_value = (values if calls else values[0]), True
         # SIGXCPU: the CPU-time limit (as long as the wall limit) struck first; on an
         # idle machine the wall clock usually wins by the start-up time, but not always
@@ -981,9 +1048,12 @@ class Sandbox:
             status = 'disk_limit'
         elif stdout_size >= self.max_output_bytes:
             status = 'output_limit'
+        elif invalid:
+            status = 'invalid_output'
         else:
             status = 'ok' if returncode == 0 else 'error'
-        return SandboxResult(status, returncode, stdout, stderr, value, has_value, wall_s)
+        return SandboxResult(status, returncode, stdout, stderr, value, has_value, wall_s,
+                             judge_trace)
 
     def _read(self, path: str, head: bool) -> tuple[str, int]:
         """Text of a captured stream (head for stdout, last 4 KiB for stderr) and its size."""

@@ -1,6 +1,6 @@
 """The code sandbox's seccomp filter: system calls that untrusted code never needs.
 
-Standard library only (loaded by :mod:`~gepo_xtuner.reward.sandbox_harness`, which runs
+Standard library only (loaded by :mod:`.harness`, which runs
 with ``python -I -S``). A classic-BPF program (``seccomp(2)``, ``SECCOMP_MODE_FILTER``)
 checked by the kernel on every system call of the process and everything it starts;
 filters only stack, so nothing the code does later can remove it. Denied calls fail with
@@ -20,7 +20,7 @@ What it denies (:data:`DENIED`), by what it would reach:
 * system calls of another ABI (i386 on x86_64, x32).
 
 With ``protect_pid`` (the test process of a two-process assert run,
-:mod:`~gepo_xtuner.reward.sandbox_remote`) it also refuses every way to signal that
+:mod:`.judge_side`) it also refuses every way to signal that
 process: ``kill`` of it, of its own process group (``pid == 0``: the two share one), of
 any group or of every process (``pid < 0``),
 ``tkill``/``tgkill``/``rt_(tg)sigqueueinfo`` of it, ``pidfd_open`` of it,
