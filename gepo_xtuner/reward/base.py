@@ -14,6 +14,30 @@ from ..registry import REWARDS
 RewardFn = Callable[[str, dict[str, Any]], float]
 
 
+class Scored(float):
+    """A reward value that also names what happened to the sample.
+
+    ``Scored(0.0, 'invalid_output')`` is the number 0.0 everywhere a float is used; the
+    router counts the outcome in ``reward/<outcome>/<domain>`` (:attr:`Reward.outcomes`).
+    It is not an error: the reward scored the sample (e.g. a program whose output broke
+    the answer format scores 0 as a wrong answer would).
+
+    >>> v = Scored(0.0, 'invalid_output')
+    >>> v == 0.0, v.outcome, float(v) + 1
+    (True, 'invalid_output', 1.0)
+    """
+
+    outcome: str | None
+
+    def __new__(cls, value: float, outcome: str | None = None) -> 'Scored':
+        obj = super().__new__(cls, value)
+        obj.outcome = outcome
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Scored, (float(self), self.outcome)
+
+
 class Reward(abc.ABC):
     """Base class and contract of the reward functions (:data:`~gepo_xtuner.registry.REWARDS`).
 
@@ -33,6 +57,9 @@ class Reward(abc.ABC):
       for checks beyond presence.
     * Arguments are validated in ``__init__``; a reward holds no state that changes
       during training.
+    * A reward may return :class:`Scored` to name a sample's outcome; the router counts
+      each name listed in :attr:`outcomes` per domain, ``reward/<outcome>/<domain>``
+      (0 when none happened), e.g. ``reward/invalid_output/code``.
 
     Adding one::
 
@@ -46,6 +73,8 @@ class Reward(abc.ABC):
 
     #: Fields every record this reward scores must have (not None).
     required_fields: tuple[str, ...] = ()
+    #: Outcomes (:class:`Scored`) the router logs as ``reward/<outcome>/<domain>``.
+    outcomes: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def __call__(self, completion: str, record: dict[str, Any]) -> float:
@@ -162,16 +191,19 @@ class RewardRouter:
               ) -> tuple[torch.Tensor, dict[str, float], list[str | None]]:
         """Like :meth:`__call__`, plus each sample's failure (``'Type: message'``) or None."""
         errors: Counter[str] = Counter()
+        outcomes: Counter[tuple[str, str]] = Counter()
         failures: list[str | None] = [None] * len(records)
         batched = self._score_batched(completions, records)
         values = []
         for i, (completion, record) in enumerate(zip(completions, records)):
             domain = record.get(self.route_by) or record['domain']
             if batched[i] is not None:
-                values.append(batched[i])
+                outcomes[(getattr(batched[i], 'outcome', None), domain)] += 1
+                values.append(float(batched[i]))
                 continue
             try:
-                value = float(self.fn_for(domain)(completion, record))
+                raw = self.fn_for(domain)(completion, record)
+                value = float(raw)
                 if not math.isfinite(value):
                     raise ValueError(f'reward function returned {value}')
             except Exception as exc:  # a verifier bug must not kill the run
@@ -187,9 +219,14 @@ class RewardRouter:
                               f'{record.get("id", "?")!r} ({type(exc).__name__}: {exc}); '
                               'scoring 0 (further failures of this kind are counted in '
                               f'reward/errors/{domain})', logger='current', level=30)
+            else:
+                outcomes[(getattr(raw, 'outcome', None), domain)] += 1
             values.append(value)
         domains = {r.get(self.route_by) or r['domain'] for r in records}
         metrics = {f'reward/errors/{d}': float(errors[d]) for d in sorted(domains)}
+        for d in sorted(domains):
+            for name in getattr(self.fn_for(d), 'outcomes', ()):
+                metrics[f'reward/{name}/{d}'] = float(outcomes[(name, d)])
         return torch.tensor(values, dtype=torch.float32), metrics, failures
 
     def _score_batched(self, completions: Sequence[str], records: Sequence[dict[str, Any]]
@@ -207,7 +244,7 @@ class RewardRouter:
                 fns[id(fn)] = fn
         for key, idx in rows.items():
             try:
-                values = [float(v) for v in fns[key].score_batch(
+                values = [v if isinstance(v, Scored) else float(v) for v in fns[key].score_batch(
                     [completions[i] for i in idx], [records[i] for i in idx])]
             except Exception:  # noqa: BLE001 -- rescored per sample, which reports the error
                 continue

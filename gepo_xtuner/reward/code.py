@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..registry import REWARDS
-from .base import Reward
+from .base import Reward, Scored
 from .sandbox import AssertTests, Sandbox
 from .sandbox.trainer_tests import free_names, unsupported_arguments
 
@@ -464,6 +464,8 @@ class CodeReward(Reward):
         0.0
     """
 
+    #: a run whose answers broke their format or bounds: a wrong answer, counted apart
+    outcomes = ('invalid_output',)
 
     def __init__(self, timeout_s: float = 6.0, memory_mb: int = 1024,
                  partial_credit: bool = False, max_workers: int = 1,
@@ -486,27 +488,37 @@ class CodeReward(Reward):
         self.tuple_as_list = bool(tuple_as_list)
         self.challenge_tests = bool(challenge_tests)
 
-    def passes(self, code: str, case: TestCase) -> bool:
-        """Whether ``code`` passes one test (raises only on sandbox failure)."""
+    def passes(self, code: str, case: TestCase, statuses: list[str] | None = None) -> bool:
+        """Whether ``code`` passes one test (raises only on sandbox failure); the run's
+        status is appended to ``statuses`` when given."""
+        result = self._run(code, case)
+        if statuses is not None:
+            statuses.append(result.status)
+        if result.status != 'ok':
+            return False
         if case.kind == 'stdin':
-            result = self.sandbox.run(code, stdin=case.stdin)
-            return result.status == 'ok' and same_stdout(result.stdout, case.expected,
-                                                         self.float_tol)
+            return same_stdout(result.stdout, case.expected, self.float_tol)
+        if case.kind == 'asserts':
+            return result.has_value
+        if case.calls:
+            return result.has_value and all(
+                self._same(got, expected, case) for got, (_, _, expected)
+                in zip(result.value, case.calls))
+        return result.has_value and self._same(result.value, case.expected, case)
+
+    def _run(self, code: str, case: TestCase) -> Any:
+        """One sandbox run of ``code`` against ``case``."""
+        if case.kind == 'stdin':
+            return self.sandbox.run(code, stdin=case.stdin)
         if case.kind == 'asserts':
             if case.entry_point and not re.search(
                     rf'^\s*(async\s+)?def\s+{re.escape(case.entry_point)}\s*\(', code, re.M):
                 code = case.prelude + code  # HumanEval: the completion is the function body
-            result = self.sandbox.run(code, asserts=AssertTests(
+            return self.sandbox.run(code, asserts=AssertTests(
                 case.asserts, case.prelude, case.entry_point, case.names))
-            return result.status == 'ok' and result.has_value
         if case.calls:
-            result = self.sandbox.run(code, calls=[(f, a) for f, a, _ in case.calls])
-            return result.status == 'ok' and result.has_value and all(
-                self._same(got, expected, case) for got, (_, _, expected)
-                in zip(result.value, case.calls))
-        result = self.sandbox.run(code, fn_name=case.fn_name, args=case.args)
-        return result.status == 'ok' and result.has_value and self._same(
-            result.value, case.expected, case)
+            return self.sandbox.run(code, calls=[(f, a) for f, a, _ in case.calls])
+        return self.sandbox.run(code, fn_name=case.fn_name, args=case.args)
 
     def _same(self, got: Any, expected: Any, case: TestCase) -> bool:
         if case.python_eq:  # both builtin data: the benchmark's own ``==``, unfakeable
@@ -517,20 +529,27 @@ class CodeReward(Reward):
         return same_value(got, expected, self.float_tol, self.tuple_as_list)
 
     def __call__(self, completion: str, record: dict[str, Any]) -> float:
-        cases = parse_tests(record, self.challenge_tests)
-        code = extract_code(completion)
+        """The share of the record's tests passed (1/0 without partial credit), as
+        :class:`~gepo_xtuner.reward.base.Scored` with outcome ``'invalid_output'`` when a
+        run's answers broke their format or bounds (``reward/invalid_output/<domain>``)."""
+        statuses: list[str] = []
+        value = self._score(extract_code(completion), parse_tests(record, self.challenge_tests),
+                            statuses)
+        return Scored(value, 'invalid_output' if 'invalid_output' in statuses else None)
+
+    def _score(self, code: str, cases: list[TestCase], statuses: list[str]) -> float:
         if not code.strip():
             return 0.0
         if self.max_workers == 1:
             passed = 0
             for case in cases:
-                ok = self.passes(code, case)
+                ok = self.passes(code, case, statuses)
                 passed += ok
                 if not ok and not self.partial_credit:
                     return 0.0
             return passed / len(cases)
         with ThreadPoolExecutor(self.max_workers) as pool:
-            pending = {pool.submit(self.passes, code, case) for case in cases}
+            pending = {pool.submit(self.passes, code, case, statuses) for case in cases}
             passed = 0
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -171,6 +171,9 @@ ASSERT_ATTACKS = {
     'digits': PIPE + ('def add(a, b):\n    send(b\'{"value": \' + b"7" * 5000 + b"}\\n")\n'
                       '    os._exit(0)\n'),
 }
+#: answers the trainer refuses to decode: counted in ``reward/invalid_output/<domain>``
+INVALID_CALL_OUTPUT = ('deep_json', 'deep_value_line', 'huge_line', 'colliding_set',
+                       'colliding_dict_line', 'malformed', 'duplicated')
 CALL_RECORD = {'domain': 'code', 'id': 'add-call',
                'tests': [{'fn_name': 'add', 'inputs': [[2, 3]], 'outputs': [5]}]}
 FLOAT_RECORD = {'domain': 'code', 'id': 'add-float',
@@ -182,11 +185,17 @@ ASSERT_RECORD = {'domain': 'code', 'task_id': 'add-assert',
 
 def _score(level: str, code: str, record: dict) -> tuple[float, float, float]:
     """(reward, reward errors counted, wall seconds) of one record through the router."""
+    return _score_counted(level, code, record)[:3]
+
+
+def _score_counted(level: str, code: str, record: dict) -> tuple[float, float, float, float]:
+    """(reward, reward errors, wall seconds, ``reward/invalid_output/code``) of one record."""
     reward = CodeReward(timeout_s=TIMEOUT_S, isolation=level)
     router = RewardRouter({'code': reward})
     start = time.monotonic()
     values, metrics = router([f'```python\n{code}\n```'], [record])
-    return float(values[0]), metrics['reward/errors/code'], time.monotonic() - start
+    return (float(values[0]), metrics['reward/errors/code'], time.monotonic() - start,
+            metrics['reward/invalid_output/code'])
 
 
 @pytest.mark.skipif(not SAFE_LEVELS, reason=f'no kernel containment here: {WHY_NOT}')
@@ -194,10 +203,12 @@ def _score(level: str, code: str, record: dict) -> tuple[float, float, float]:
 def test_call_channel_fuzz_scores_zero_without_errors(attack):
     level = SAFE_LEVELS[0]
     for record in (CALL_RECORD, FLOAT_RECORD, MBPP_LITERAL):
-        score, errors, wall = _score(level, CALL_ATTACKS[attack], record)
+        score, errors, wall, invalid = _score_counted(level, CALL_ATTACKS[attack], record)
         assert (score, errors) == (0.0, 0.0), (attack, record['id'] if 'id' in record
                                                else record['task_id'])
         assert wall < TIMEOUT_S + BOUND_S, (attack, wall)
+        if record is CALL_RECORD and attack in INVALID_CALL_OUTPUT:
+            assert invalid == 1.0, (attack, 'not counted in reward/invalid_output/code')
 
 
 @pytest.mark.skipif(not SAFE_LEVELS, reason=f'no kernel containment here: {WHY_NOT}')
@@ -214,6 +225,7 @@ def test_the_fuzz_harness_can_pass():
     """The records and the router score a right answer 1 (so a 0 above is the attack's)."""
     right = 'def add(a, b):\n    return a + b\n'
     for record in (CALL_RECORD, MBPP_LITERAL, ASSERT_RECORD):
-        assert _score(SAFE_LEVELS[0], right, record)[:2] == (1.0, 0.0)
+        assert _score_counted(SAFE_LEVELS[0], right, record)[:2] == (1.0, 0.0)
+        assert _score_counted(SAFE_LEVELS[0], right, record)[3] == 0.0
     assert _score(SAFE_LEVELS[0], 'def add(a, b):\n    return 5.5\n', FLOAT_RECORD)[:2] == \
         (1.0, 0.0)
