@@ -371,7 +371,7 @@ class Checker:
     def check_loop(self, loop: dict) -> None:
         from gepo_xtuner.registry import ADVANTAGES, ROLLOUT_BACKENDS
         from gepo_xtuner.reward import RewardRouter
-        from gepo_xtuner.rollout import SamplingParams
+        from gepo_xtuner.engine.loop_settings import LoopSettings
 
         processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
         if processor is not None:
@@ -383,15 +383,15 @@ class Checker:
                 check_group_size(processor, loop.num_responses)
             except ValueError as exc:
                 self.problem('train_cfg', str(exc))
-        params = None
-        try:
-            params = SamplingParams(**dict(loop.get('sampling') or {}),
-                                    n=loop.num_responses)
+        settings = None
+        try:  # the object the loop builds first (engine/loop_settings.py)
+            settings = LoopSettings.from_train_cfg(dict(loop))
+            params = settings.sampling
             self.rows['sampling'] = (f'temperature {params.temperature}, top_p {params.top_p}, '
                                      f'top_k {params.top_k}, max_new_tokens '
                                      f'{params.max_new_tokens}')
         except (TypeError, ValueError) as exc:
-            self.problem('train_cfg.sampling', exc)
+            self.problem('train_cfg', exc)
         val = loop.get('val')
         if val:
             from gepo_xtuner.engine.train_cfg import defaults
@@ -420,25 +420,14 @@ class Checker:
         rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:
             self.rows['rollout'] = describe(loop.rollout)
-            staleness = loop.get('max_staleness', 0)
-            if staleness not in (0, 1):
-                self.problem('train_cfg.max_staleness', f'must be 0 or 1, got {staleness!r}')
-            elif staleness:  # the loop's own question to the backend
-                refusal = rollout.overlap_refusal()
-                if refusal is not None:
-                    self.problem('train_cfg.max_staleness',
-                                 f'{staleness} needs a rollout backend that generates while '
-                                 f'the trainer updates: {refusal}')
-                self.rows['rollout'] += f'; generation one batch ahead (max_staleness {staleness})'
-            if params is not None and staleness in (0, 1):  # the loop's own check
-                from gepo_xtuner.engine.update import (behaviour_refusal,
-                                                       resolve_behaviour_correction)
-                correction = resolve_behaviour_correction(loop.behaviour_correction, staleness)
-                refusal = behaviour_refusal(rollout.logprob_temperature(params), params,
-                                            correction, loop.entropy_logprobs)
-                if refusal is not None:
-                    self.problem('train_cfg.behaviour_correction' if correction != 'none'
-                                 else 'train_cfg.entropy_logprobs', refusal)
+            if settings is not None:
+                try:  # the loop's own checks against the built backend
+                    settings.check_backend(rollout)
+                except ValueError as exc:
+                    self.problem('train_cfg', exc)
+                if settings.max_staleness:
+                    self.rows['rollout'] += ('; generation one batch ahead (max_staleness '
+                                             f'{settings.max_staleness})')
             rollout.close()
             self.check_sync_address(loop.rollout)
         from gepo_xtuner.registry import REWARDS

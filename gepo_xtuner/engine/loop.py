@@ -25,15 +25,15 @@ from ..rollout import RolloutRequest, SamplingParams
 from .batching import Rollouts, build_response_batch, cut_at_tokens
 from .geometry import StepGeometry, check_group_size
 from . import train_cfg
+from .loop_settings import LoopSettings
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
-from .overlap import RolloutAhead, check_overlap_settings
+from .overlap import RolloutAhead
 from .prompt_encoding import check_policy_inputs, encode_request
 from .run_state import (capture_rng, checkpoint_due, describe_changes, gather_rank_states,
                         isolated_rng, restore_processor_state, resume_streams, run_settings,
                         saved_rank_entry)
-from .update import (NoSignalWatch, UpdateSettings, behaviour_refusal, check_training_sampling,
-                     entropy_metrics, ppo_update, resolve_behaviour_correction)
+from .update import NoSignalWatch, entropy_metrics, ppo_update
 from .update import old_logprobs as old_logprobs_of
 from .validation import Validator
 
@@ -139,17 +139,13 @@ class RLTrainLoop(BaseLoop):
                  **unknown: Any) -> None:
         self.check_keys(unknown)
         super().__init__(runner, dataloader)
-        if min(max_steps, num_responses) < 1:
-            raise ValueError('RLTrainLoop needs max_steps and num_responses >= 1, got '
-                             f'{max_steps}, {num_responses}')
-        check_overlap_settings(max_staleness, entropy_logprobs)
-        behaviour_correction = resolve_behaviour_correction(behaviour_correction, max_staleness)
+        settings = LoopSettings.build(  # the same object tools/check_config.py builds
+            max_steps, num_responses, sampling, minibatch_responses_per_rank, ppo_epochs,
+            max_tokens_per_micro_batch, logprob_max_tokens_per_micro_batch, kept_rows,
+            norm_length, max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs)
         self.max_staleness, self.entropy_logprobs = max_staleness, entropy_logprobs
         # checked now, completed with the sampling temperature and the length cap in run()
-        self.update_settings = UpdateSettings(
-            minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
-            logprob_max_tokens_per_micro_batch, kept_rows, norm_length=norm_length,
-            behaviour_correction=behaviour_correction, behaviour_cap=behaviour_cap)
+        self.update_settings = settings.update
         check_accumulation(runner.optim_wrapper)
         self._max_iters = max_steps
         self._max_epochs = 1
@@ -170,21 +166,11 @@ class RLTrainLoop(BaseLoop):
         self.stop_training = False  # a hook may end the run early (mmengine's convention)
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
-        refusal = self.rollout.overlap_refusal() if max_staleness else None
-        if refusal is not None:
-            raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '
-                             f'generate while the trainer updates: {refusal}')
+        lp_temperature = settings.check_backend(self.rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
         self._sampling_cfg = dict(sampling or {}, n=num_responses)
-        params = SamplingParams(**{**self._sampling_cfg, 'stop_token_ids': ()})
-        check_training_sampling(params)
-        lp_temperature = self.rollout.logprob_temperature(params)
-        refusal = behaviour_refusal(lp_temperature, params, behaviour_correction,
-                                    entropy_logprobs)
-        if refusal is not None:
-            raise ValueError(refusal)
         # the rollout's logprobs under the trainer's distribution? (else no logprob gap metric)
-        self._rollout_comparable = lp_temperature == params.temperature
+        self._rollout_comparable = lp_temperature == settings.sampling.temperature
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
         self.validator = Validator(**val) if val else None

@@ -408,7 +408,7 @@ def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations)
     config = ROOT / 'configs' / 'gepo_intern_s1_mini.py'
     proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1', env=locations)
     assert proc.returncode == 1
-    assert ("train_cfg.max_staleness: 1 needs a rollout backend that generates while the "
+    assert ("train_cfg.max_staleness >= 1 needs a rollout backend that can generate while the "
             "trainer updates: weight_sync mode 'ipc' with sleep_wake=True") in proc.stdout
     proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1',
                  env=dict(locations, GEPO_LMDEPLOY_URL='http://node7:23333', MASTER_ADDR='node1'))
@@ -419,7 +419,7 @@ def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations)
     proc = check(config, '--cfg-options', 'train_cfg.max_staleness=1',
                  'train_cfg.sampling.temperature=0.7', env=server)
     assert proc.returncode == 1
-    assert ("train_cfg.behaviour_correction: train_cfg.behaviour_correction='truncate' "
+    assert ("train_cfg: ValueError: train_cfg.behaviour_correction='truncate' "
             "read(s) the rollout's logprobs as those of the sampling distribution "
             'softmax(logits / 0.7), but the rollout backend reports them at temperature 1'
             ) in proc.stdout
@@ -429,4 +429,5 @@ def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
                  'train_cfg.max_staleness=2', env=locations)
-    assert proc.returncode == 1 and 'train_cfg.max_staleness: must be 0 or 1, got 2' in proc.stdout
+    assert proc.returncode == 1 and 'train_cfg.max_staleness must be 0 (generate, then ' \
+        'train) or 1 (generate the next batch while this one trains), got 2' in proc.stdout
