@@ -123,3 +123,34 @@ def test_the_check_fails_on_a_wrong_reference(tmp_path):
     assert 'RLTrainLoop.run_iter' in definitions(PACKAGE / 'engine' / 'loop.py')
     assert 'RLTrainLoop.run_iter' not in definitions(PACKAGE / 'engine' / 'optim_step.py')
     assert not calls('self.rollout.update_weights(x)', 'RolloutBackend.generate')
+
+
+def layout_block() -> str:
+    text = DOC.read_text()
+    section = text[text.index('gepo_xtuner/registry.py       registries'):]
+    return section[:section.index('```')]
+
+
+def test_every_engine_module_is_in_the_layout():
+    named = set(re.findall(r'([\w]+\.py)', layout_block()))
+    modules = {p.name for p in (PACKAGE / 'engine').glob('*.py') if p.name != '__init__.py'}
+    assert not modules - named, f'engine modules docs/architecture.md does not name: ' \
+                                f'{sorted(modules - named)}'
+
+
+def test_every_module_the_layout_names_exists():
+    files = {p.name for p in ROOT.rglob('*.py') if '.venv' not in p.parts}
+    missing = {name for name in re.findall(r'([\w]+\.py)', layout_block()) if name not in files}
+    assert not missing, f'docs/architecture.md names modules that do not exist: {sorted(missing)}'
+
+
+def test_every_checkpoint_key_is_in_who_owns_what():
+    text = DOC.read_text()
+    table = text[text.index('## Who owns what'):]
+    table = table[:table.index('\n## ')]
+    keys = set()
+    for path in PACKAGE.rglob('*.py'):
+        keys |= set(re.findall(r"'(gepo_xtuner/[a-z_]+)'", path.read_text()))
+    assert keys, 'no checkpoint key found in the code'
+    missing = {k for k in keys if f'`{k}`' not in table}
+    assert not missing, f'checkpoint keys missing from "Who owns what": {sorted(missing)}'

@@ -38,6 +38,12 @@ class Scored(float):
         return Scored, (float(self), self.outcome)
 
 
+def _outcome(value: Any) -> str | None:
+    """The outcome a reward value names (:class:`Scored`), or None."""
+    outcome = getattr(value, 'outcome', None)
+    return outcome if isinstance(outcome, str) else None
+
+
 class Reward(abc.ABC):
     """Base class and contract of the reward functions (:data:`~gepo_xtuner.registry.REWARDS`).
 
@@ -198,7 +204,7 @@ class RewardRouter:
         for i, (completion, record) in enumerate(zip(completions, records)):
             domain = record.get(self.route_by) or record['domain']
             if batched[i] is not None:
-                outcomes[(getattr(batched[i], 'outcome', None), domain)] += 1
+                outcomes[(_outcome(batched[i]), domain)] += 1
                 values.append(float(batched[i]))
                 continue
             try:
@@ -220,7 +226,7 @@ class RewardRouter:
                               'scoring 0 (further failures of this kind are counted in '
                               f'reward/errors/{domain})', logger='current', level=30)
             else:
-                outcomes[(getattr(raw, 'outcome', None), domain)] += 1
+                outcomes[(_outcome(raw), domain)] += 1
             values.append(value)
         domains = {r.get(self.route_by) or r['domain'] for r in records}
         metrics = {f'reward/errors/{d}': float(errors[d]) for d in sorted(domains)}

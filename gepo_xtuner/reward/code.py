@@ -299,7 +299,7 @@ def parse_tests(record: dict[str, Any], challenge: bool = False) -> list[TestCas
     return cases
 
 
-_INT = re.compile(r'[+-]?\d+')
+_INT = re.compile(r'[+-]?\d+', re.ASCII)  # '٣' is not the token '3'
 _FLOAT_WORDS = frozenset({'inf', '+inf', '-inf', 'infinity', '+infinity', '-infinity', 'nan'})
 
 

@@ -320,7 +320,8 @@ MUTANTS = {
     'home_is_the_solutions': ('judge_side.py', '    home = JUDGE_HOME\n',
                               "    home = os.environ['HOME']\n"),
     'solution_modules_imported': ('judge_side.py',
-                                  "            if module.partition('.')[0] not in self._allowed:",
+                                  "            if parts[0] not in self._allowed or '__main__' in parts "
+                                  "or parts[0] == 'test':",
                                   '            if False:'),
 }
 

@@ -107,8 +107,9 @@ class SolutionClient:
                 "the solution's own objects can cross to the solution's process")
         try:
             return wire._encode(value, ref)
-        except ValueError as exc:
-            raise UnsupportedTest(str(exc)) from None
+        except ValueError as exc:  # over the bounds: built from what the solution returned
+            raise SolutionBroke(f'a value the tests pass the solution is over the bounds of '
+                                f'what crosses the pipe: {exc}') from None
 
     def request(self, op: str, ref: int, **fields: object) -> object:
         """One request about the solution object ``ref``; its decoded value (or the
@@ -145,7 +146,8 @@ class SolutionClient:
         for name, module in modules.items():
             if type(module) is not str or not all(p.isidentifier() for p in module.split('.')):
                 raise SolutionBroke(f'the solution process named a module {module!r:.100}')
-            if module.partition('.')[0] not in self._allowed:
+            parts = module.split('.')
+            if parts[0] not in self._allowed or '__main__' in parts or parts[0] == 'test':
                 raise SolutionBroke(
                     f'the solution binds {name!r} to the module {module!r:.100}, which the '
                     'tests do not import and the standard library does not have: refused '
@@ -172,7 +174,13 @@ class SolutionClient:
         if op == 'next' and keys == {'stop'} and answer['stop'] is True:
             raise StopIteration
         if 'raise' in answer:
-            raise self._exception(answer)
+            exc = self._exception(answer)
+            if isinstance(exc, (StopIteration, StopAsyncIteration)):
+                # raised by a call it would end the tests' map/filter/iter early, quietly:
+                # a generator's own StopIteration becomes RuntimeError likewise (PEP 479);
+                # the end of an iteration crosses as {"stop": true}
+                exc = RuntimeError(f'the solution raised {type(exc).__name__}')
+            raise exc
         allowed = {'call': {'value', 'mutated'}, 'names': {'value', 'modules'}}.get(op, {'value'})
         if not {'value'} <= keys <= allowed:
             raise SolutionBroke(f'the solution process answered with {sorted(keys)}')
@@ -261,6 +269,27 @@ class RemoteObject:
     __hash__ = object.__hash__
 
 
+def stdlib_modules_used(program: str, names: list[str], entry_point: str | None) -> list[str]:
+    """Those of ``names`` (the tests' free names) that are top-level standard-library
+    modules the tests use only as ``name.attribute`` (never call, pass or rebind).
+
+    >>> stdlib_modules_used('assert math.isclose(f(1), math.pi)', ['math', 'f'], None)
+    ['math']
+    >>> stdlib_modules_used('assert copy([1]) == [1]', ['copy'], None)  # the solution's
+    []
+    """
+    import ast
+    tree = ast.parse(program)
+    bases = {id(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)}
+    seen: dict[str, bool] = {}  # name -> every use is an attribute base
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            seen[node.id] = seen.get(node.id, True) and id(node) in bases
+    return [n for n in names if n != entry_point and n in sys.stdlib_module_names
+            and seen.get(n, False)]
+
+
 def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: str | None,
               names: list[str]) -> int:
     """Runs the test program against the solution process (test side).
@@ -291,6 +320,12 @@ def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: s
     wanted = [n for n in names if n not in scope or n == entry_point]
     if entry_point is not None and entry_point not in wanted:
         wanted.append(entry_point)
+    # a standard-library module the tests use without importing it (MBPP's ``math.``,
+    # relying on the solution's ``import math``) is imported here, never asked of the
+    # solution: its own object under that name would run the tests' calls in its process
+    for name in stdlib_modules_used(program, wanted, entry_point):
+        scope[name] = importlib.import_module(name)
+        wanted.remove(name)
     for name in wanted:
         scope.pop(name, None)  # a stub of the prompt's must not stand in for the solution
     scope.update(client.names(wanted))
