@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gepo_xtuner.engine.batching import build_response_batch
-from gepo_xtuner.engine.loop import check_training_sampling
+from gepo_xtuner.engine.update import check_training_sampling
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.rollout import HFRolloutBackend, RolloutRequest, SamplingParams
 
