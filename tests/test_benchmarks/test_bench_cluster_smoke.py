@@ -8,17 +8,18 @@ prints every row.
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> str:
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1'),
-                          timeout=300)
+    proc = preloaded.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1'),
+                         timeout=300)
     assert proc.returncode == 0, f'{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}'
     return proc.stdout
 

@@ -3,15 +3,16 @@ prints its figures as the last line's JSON (no timing is asserted)."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_math_reward_prints_its_figures() -> None:
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'bench_math_reward.py'), '--calls', '4'],
         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
         timeout=300)

@@ -2,15 +2,16 @@
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_rl_step_prints_every_variant_and_the_ratios(tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'bench_rl_step.py'), '--skip-trl',
          '--responses', '6', '--median-length', '8', '--max-length', '32', '--hidden', '64',
          '--layers', '1', '--vocab', '128', '--max-tokens', '64', '--rounds', '1',
@@ -32,7 +33,7 @@ def test_bench_rl_step_runs_a_given_model_and_times_the_rollout(tmp_path: Path) 
     tok = build_char_tokenizer()
     build_tiny_model(len(tok), seed=0).save_pretrained(tmp_path / 'model')
     tok.save_pretrained(tmp_path / 'model')
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'bench_rl_step.py'), '--skip-trl',
          '--model', str(tmp_path / 'model'), '--prompt-lengths', '20', '30',
          '--responses', '4', '--median-length', '8', '--max-length', '16', '--max-tokens', '96',

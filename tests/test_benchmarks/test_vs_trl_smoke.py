@@ -1,9 +1,10 @@
 """Smoke test of ``benchmarks/vs_trl.py``: its own-loop half runs (TRL is not installed in CI)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def test_vs_trl_own_loop_runs(tmp_path: Path) -> None:
     build_task_files(tiny / 'data', n_train_per_domain=8, n_val_per_domain=2, seed=0)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop('GEPO_TINY_DIR', None)
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'vs_trl.py'), '--skip-trl', '--steps', '1',
          '--rounds', '1', '--warmup', '0', '--tiny-dir', str(tiny),
          '--work-dir', str(tmp_path / 'work')],

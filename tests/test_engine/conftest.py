@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import preloaded
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Small, fast settings for CI-sized machines (B=4 prompts x K=4 responses per step, two
@@ -59,8 +61,7 @@ def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[s
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)  # as a user's shell: torch's default loads
     cmd = (launcher or [sys.executable, '-m', 'xtuner.tools.train']) + [
         str(cfg), '--work-dir', str(work_dir), '--cfg-options', *FAST, *options]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=timeout)
+    proc = preloaded.run(cmd, env=env, cwd=ROOT, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout[-4000:]}\n'
                              f'{proc.stderr[-6000:]}')

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import cache_lock
+
 from .conftest import ROOT, scalars, train_ranks, write_config
 
 DEEPSPEED_DEPS = ROOT / 'work_dirs' / 'deepspeed_deps'
@@ -21,8 +23,9 @@ DEEPSPEED_DEPS = ROOT / 'work_dirs' / 'deepspeed_deps'
 @pytest.fixture(scope='module')
 def deepspeed_deps() -> Path:
     """The overlay of ``make deepspeed-deps`` (installed now if missing or outdated)."""
-    proc = subprocess.run(['make', '-s', 'deepspeed-deps', f'PY={sys.executable}'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
+    with cache_lock('deepspeed_deps'):
+        proc = subprocess.run(['make', '-s', 'deepspeed-deps', f'PY={sys.executable}'],
+                              cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         if 'Could not find a version' in proc.stderr or 'NewConnectionError' in proc.stderr:
             pytest.skip('DeepSpeed (make deepspeed-deps) is not installed and the package '

@@ -2,7 +2,6 @@
 ``tools/export_hf.py``'s export of the final checkpoint, weight for weight, and generate
 the trained policy's greedy tokens after ``from_pretrained``."""
 
-import subprocess
 import sys
 
 import torch
@@ -13,6 +12,7 @@ from gepo_xtuner.model.checkpoint import load_for_inference
 from gepo_xtuner.testbed.tiny import format_prompt
 
 from .conftest import ROOT, train, write_config
+from tests import preloaded
 
 
 def test_export_at_intervals_and_end_equals_the_checkpoint_export(tiny_dir, tmp_path):
@@ -25,9 +25,9 @@ def test_export_at_intervals_and_end_equals_the_checkpoint_export(tiny_dir, tmp_
     assert not (work / 'hf_iter_1').exists()  # max_keep=1
 
     out = tmp_path / 'exported'
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'export_hf.py'),
-                           str(work / 'iter_2.pth'), '--out', str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = preloaded.run([sys.executable, str(ROOT / 'tools' / 'export_hf.py'),
+                          str(work / 'iter_2.pth'), '--out', str(out)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tool = load_file(out / 'model.safetensors')
     for hook_dir in (work / 'hf', work / 'hf_iter_2'):

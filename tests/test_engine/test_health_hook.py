@@ -28,6 +28,7 @@ import pytest
 from gepo_xtuner.engine.health import build_checks, next_active
 
 from .conftest import ROOT, train, write_config
+from tests import preloaded
 
 FAST_RL = ['train_cfg.max_steps=10', 'train_cfg.val.interval=5',
            'optim_wrapper.optimizer.lr=0.003', 'default_hooks.checkpoint.interval=100']
@@ -97,10 +98,9 @@ def test_length_collapse_at_the_step_the_lengths_meet_the_condition(brevity_run)
 
 
 def test_summarize_run_lists_the_alarms(brevity_run):
-    import subprocess
     work, _ = brevity_run
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'summarize_run.py'), str(work)],
-                          capture_output=True, text=True, timeout=60)
+    proc = preloaded.run([sys.executable, str(ROOT / 'tools' / 'summarize_run.py'), str(work)],
+                         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r'alarms:.*\n.*length_collapse', proc.stdout), proc.stdout
 

@@ -8,7 +8,6 @@ differ in number between pictures, and positions are Qwen2-VL's M-RoPE.
 import json
 import math
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -32,6 +31,7 @@ from gepo_xtuner.ops.multimodal import concat_mm_inputs, placeholder_token_ids
 from gepo_xtuner.rollout import HFRolloutBackend, RolloutSample, SamplingParams
 
 from .conftest import ROOT, scalars
+from tests import preloaded
 
 LOSS = {'type': 'CISPOLoss', 'eps_low': 1.0, 'eps_high': 4.0, 'agg': 'token-mean'}
 VL_CLASS = 'Qwen2VLForConditionalGeneration'
@@ -272,7 +272,7 @@ def test_multimodal_rl_steps_through_xtuner_train(vl_dir, tmp_path):
         default_hooks = dict(checkpoint=dict(interval=3))
     """))
     work = tmp_path / 'run'
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, '-m', 'xtuner.tools.train', str(cfg), '--work-dir', str(work)],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
         env=dict(os.environ, PYTHONPATH=str(ROOT), GEPO_TINY_DIR=str(tmp_path / 'unused')))

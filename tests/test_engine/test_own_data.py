@@ -4,6 +4,7 @@ for the training file and the held-out files alike."""
 import json
 
 from .conftest import scalars, train, write_config
+from tests import preloaded
 
 
 def test_gsm8k_as_published_trains_with_fields_and_default_domain(tmp_path, tiny_dir):
@@ -33,7 +34,6 @@ def test_gsm8k_as_published_trains_with_fields_and_default_domain(tmp_path, tiny
 
 
 def test_check_config_reads_held_out_files_with_their_mapping(tmp_path):
-    import subprocess
     import sys
 
     from .conftest import ROOT
@@ -43,12 +43,12 @@ def test_check_config_reads_held_out_files_with_their_mapping(tmp_path):
         train_cfg = dict(val=dict(_delete_=True, path='{held_out}', fields=dict(prompt='question'),
                                   default_domain='math'))
     """)
-    ok = subprocess.run([sys.executable, 'tools/check_config.py', str(cfg)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+    ok = preloaded.run([sys.executable, 'tools/check_config.py', str(cfg)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
     assert '1 records checked' in ok.stdout, ok.stdout + ok.stderr
     assert 'PROBLEM: train_cfg.val.path' not in ok.stdout
-    bad = subprocess.run([sys.executable, 'tools/check_config.py', str(cfg), '--cfg-options',
-                          'train_cfg.val.fields=None'], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    bad = preloaded.run([sys.executable, 'tools/check_config.py', str(cfg), '--cfg-options',
+                         'train_cfg.val.fields=None'], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
     assert f"PROBLEM: train_cfg.val.path: {held_out}:1: field 'prompt': missing" in bad.stdout, \
         bad.stdout + bad.stderr

@@ -22,6 +22,7 @@ from gepo_xtuner.testbed import smoke
 from gepo_xtuner.data.records import validate_record
 from gepo_xtuner.engine.loop import RLTrainLoop
 from gepo_xtuner.reward import RewardRouter
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'check_config.py'
@@ -196,10 +197,10 @@ def run_smoke(config: str, *extra: str, steps: int = 2, nproc: int = 2,
               timeout: int = 400) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ('GEPO_MODEL_PATH', 'GEPO_DATA_DIR', 'WORLD_SIZE', 'SLURM_NTASKS')}
-    return subprocess.run([sys.executable, str(TOOL), str(ROOT / 'configs' / config),
-                           '--smoke-steps', str(steps), '--nproc', str(nproc), *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return preloaded.run([sys.executable, str(TOOL), str(ROOT / 'configs' / config),
+                          '--smoke-steps', str(steps), '--nproc', str(nproc), *extra],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                         check=False)
 
 
 def passed(proc: subprocess.CompletedProcess, steps: int = 2) -> dict:

@@ -4,7 +4,6 @@ import doctest
 import importlib.util
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from gepo_xtuner.testbed import tiny
 from gepo_xtuner.testbed.tiny import (ALPHABET, answer_loss, build_char_tokenizer, build_sft_batch,
                                     build_tiny_model, format_prompt, greedy_accuracy,
                                     greedy_answers, load_tiny, read_warm_start_report, warm_start)
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 # Enough steps for prompt-dependent (still wrong) answers, in about two seconds.
@@ -189,8 +189,8 @@ def test_prepare_tool_trains_then_reuses(tmp_path, capsys):
     tool = ROOT / 'tools' / 'prepare_tiny_cpu.py'
     args = ['--out', str(tmp_path), '--steps', '3', '--n-train', '5', '--n-val', '2']
     # Once as a user runs it, then in-process (a second interpreter start costs seconds).
-    first = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True,
-                           cwd=ROOT, check=True).stdout
+    first = preloaded.run([sys.executable, str(tool), *args], capture_output=True, text=True,
+                          cwd=ROOT, check=True).stdout
     assert 'warm start took' in first and f'model: {tmp_path / "model"}' in first
     progress = [line for line in first.splitlines() if line.startswith('warm start: step ')]
     assert [line.split(',')[0] for line in progress] == [

@@ -5,11 +5,12 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'analyze_rollouts.py'
@@ -17,8 +18,8 @@ TOOL = ROOT / 'tools' / 'analyze_rollouts.py'
 
 def run_tool(*args, check=True):
     env = dict(os.environ, PYTHONPATH=str(ROOT))  # this tree's package, not an installed one
-    proc = subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                          text=True, cwd=ROOT, env=env)
+    proc = preloaded.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                         text=True, cwd=ROOT, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}')
     return proc

@@ -6,7 +6,6 @@ data locations are temporary directories with the files the checks look at (a
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from mmengine.config import Config
 
 import gepo_xtuner  # noqa: F401  (registers the types the configs name)
 from gepo_xtuner.registry import ADVANTAGES, REWARDS, ROLLOUT_BACKENDS
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'check_config.py'
@@ -71,8 +71,8 @@ def check(*args, env: dict[str, str] | None = None, unset=('GEPO_MODEL_PATH', 'G
     import os
     full = {k: v for k, v in os.environ.items() if k not in unset}
     full.update(env or {}, OMP_NUM_THREADS='1')
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], cwd=ROOT, env=full,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return preloaded.run([sys.executable, str(TOOL), *map(str, args)], cwd=ROOT, env=full,
+                         capture_output=True, text=True, timeout=300, check=False)
 
 
 def test_every_shipped_config_passes_the_checker(locations):

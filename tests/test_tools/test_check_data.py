@@ -9,6 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests import preloaded
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'check_data.py'
 
@@ -28,8 +30,8 @@ GOOD = [
 
 def check(*args) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=120)
+    return preloaded.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=120)
 
 
 def jsonl(path: Path, rows: list) -> Path:

@@ -20,6 +20,7 @@ from mmengine.config import Config
 
 from gepo_xtuner.testbed.synthetic_tasks import generate_split
 from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model, greedy_answers
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'evaluate.py'
@@ -71,8 +72,8 @@ def hf(setup: dict, out: Path, *extra: str) -> list[str]:
 
 def run_tool(args: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=300)
+    proc = preloaded.run([sys.executable, str(TOOL), *args], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gepo_xtuner.testbed.experiments import load_history, summarize_run
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'run_experiments.py'
@@ -40,7 +41,7 @@ def measured(row: dict) -> dict:
 def harness(tiny: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)  # as a user's shell
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, str(TOOL), '--methods', 'gepo', 'grpo', '--seeds', '1', '--steps', '3',
          '--tiny-dir', str(tiny), '--work-dir', str(work), '--cfg-options', *SMALL, *args],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
@@ -81,9 +82,9 @@ def test_grid_report_from_real_runs_then_skip_and_resume(tiny, tmp_path):
 
 
 def test_unknown_method_is_refused_with_the_choices(tiny, tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOL), '--methods', 'ppo', '--tiny-dir',
-                           str(tiny), '--work-dir', str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = preloaded.run([sys.executable, str(TOOL), '--methods', 'ppo', '--tiny-dir',
+                          str(tiny), '--work-dir', str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode != 0
     assert "no config for ['ppo']" in proc.stderr and 'gepo_wo_low' in proc.stderr
 

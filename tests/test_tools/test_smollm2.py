@@ -8,7 +8,6 @@ About 1.5 minutes on the project's 2 cores under load (the first run also downlo
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gepo_xtuner.model.checkpoint import load_for_inference
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 SHRUNK = ['train_dataloader.batch_size=2', 'train_cfg.num_responses=2',
@@ -47,9 +47,9 @@ def test_two_rl_steps_then_export_generates_the_trained_tokens(smollm2_dir, tmp_
     work = tmp_path / 'run'
     env = dict(os.environ, GEPO_SMOLLM2_DIR=str(smollm2_dir), PYTHONPATH=str(ROOT),
                OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, '-m', 'xtuner.tools.train', str(cfg), '--work-dir',
-                           str(work), '--cfg-options', *SHRUNK], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=1500, check=False)
+    proc = preloaded.run([sys.executable, '-m', 'xtuner.tools.train', str(cfg), '--work-dir',
+                          str(work), '--cfg-options', *SHRUNK], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=1500, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = {}
     for path in work.glob('*/vis_data/scalars.json'):
@@ -62,9 +62,9 @@ def test_two_rl_steps_then_export_generates_the_trained_tokens(smollm2_dir, tmp_
         assert rows[step]['rollout/logprob_abs_diff'] < 1e-3, rows[step]
 
     out = tmp_path / 'exported'
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / 'export_hf.py'),
-                           str(work / 'iter_2.pth'), '--out', str(out)], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=600, check=False)
+    proc = preloaded.run([sys.executable, str(ROOT / 'tools' / 'export_hf.py'),
+                          str(work / 'iter_2.pth'), '--out', str(out)], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     exported, hooked = load_file(out / 'model.safetensors'), load_file(
         work / 'hf' / 'model.safetensors')  # HFExportHook of the config, at the end

@@ -1,0 +1,244 @@
+"""A preloaded Python for the suite's many ``python -m xtuner.tools.train`` and tool runs.
+
+Each such run is a real Python program run as its own process, but a fresh interpreter pays
+8-12 s of CPU importing torch, transformers, mmengine and xtuner before the program's first
+line; the suite starts about a hundred of them. Here one *zygote* process per test process
+imports those packages once (running no torch op, so no OpenMP pool exists yet) and forks a
+child for each run. The child takes the run's argv, environment, working directory and
+stdio, runs the module or script as ``__main__`` (``runpy``, as ``python -m`` / ``python
+path`` do), runs the exit handlers and exits with the program's status. What the run does
+after its imports is what a fresh process does; what differs is only that the packages
+above were imported before the program started.
+
+Falls back to a fresh interpreter (``subprocess.run``) where that difference could matter:
+
+* a command that is not ``<this python> -m MODULE ...`` or ``<this python> SCRIPT.py ...``;
+* a ``PYTHONPATH`` holding anything but the checkout (an overlay such as transformers 5 or
+  DeepSpeed must be imported instead of what the zygote holds);
+* ``GEPO_TEST_FRESH_PROCESSES=1`` in the environment of the test run (every run fresh: the
+  comparison that shows the two agree).
+
+Tests whose subject is the process start itself (import-time warnings, start-up time,
+what a fresh install imports) call ``subprocess`` directly and never come here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# what every training run and most tools import first; nothing here may run a torch op
+PRELOAD = ('torch', 'numpy', 'transformers', 'mmengine', 'mmengine.runner', 'mmengine.config',
+           'xtuner', 'xtuner.tools.train', 'gepo_xtuner', 'gepo_xtuner.engine',
+           'gepo_xtuner.testbed.tiny', 'safetensors.torch')
+
+
+def _serve(sock_path: str) -> None:
+    """The zygote: imports, then forks one child per request until its parent goes away."""
+    parent = os.getppid()
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if p != here]  # not the tests' folder
+    for name in PRELOAD:
+        importlib.import_module(name)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    srv.listen(8)
+    sys.stdout.write('ready\n')
+    sys.stdout.flush()
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        ready, _, _ = select.select([srv], [], [], 0.05)
+        if ready:
+            conn, _ = srv.accept()
+            request = json.loads(conn.makefile('r').readline())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                srv.close()
+                conn.close()
+                _child(request)  # never returns
+            children[pid] = conn
+            conn.sendall((json.dumps({'pid': pid}) + '\n').encode())
+        for pid, conn in list(children.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps(
+                        {'returncode': os.waitstatus_to_exitcode(status)}) + '\n').encode())
+                conn.close()
+                del children[pid]
+    for pid in children:  # the test process died: take its runs with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _child(request: dict[str, Any]) -> None:
+    """Becomes the requested program: own session, stdio, cwd, environment, argv."""
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request['stdout']), (2, request['stderr'])):
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(out, fd)
+            os.close(out)
+        os.chdir(request['cwd'])
+        os.environ.clear()
+        os.environ.update(request['env'])
+        # as a fresh interpreter: PYTHONPATH entries first, then the script's folder first
+        extra = [p for p in request['env'].get('PYTHONPATH', '').split(os.pathsep) if p]
+        sys.path[:] = extra + [p for p in sys.path if p not in extra]
+        sys.argv = list(request['argv'])
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            if request.get('module'):
+                sys.path.insert(0, request['cwd'])  # python -m puts the cwd first
+                runpy.run_module(request['module'], run_name='__main__', alter_sys=True)
+            else:
+                sys.path.insert(0, str(Path(request['script']).resolve().parent))
+                runpy.run_path(request['script'], run_name='__main__')
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except BaseException:  # noqa: BLE001 - printed as the interpreter prints it
+            traceback.print_exc()
+            code = 1
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # noqa: SLF001 - what interpreter exit runs
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+class Zygote:
+    """The client side: one zygote per test process, started on first use."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._dir = tempfile.mkdtemp(prefix='gepo-zygote-')
+        self._sock = os.path.join(self._dir, 'sock')
+        self._lock = threading.Lock()
+
+    def _start(self) -> None:
+        env = dict(os.environ)
+        env['PYTHONPATH'] = os.pathsep.join(filter(None, (str(ROOT), env.get('PYTHONPATH'))))
+        self._proc = subprocess.Popen([sys.executable, __file__, '--serve', self._sock],
+                                      stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+        line = self._proc.stdout.readline()
+        if line.strip() != 'ready':
+            raise RuntimeError(f'the preloaded interpreter did not start (exit {self._proc.wait()})')
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+        self._proc = None
+
+    def run(self, request: dict[str, Any], timeout: float | None) -> tuple[int, str, str]:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+        with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
+            request = dict(request, stdout=f'{tmp}/out', stderr=f'{tmp}/err')
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(self._sock)
+                conn.sendall((json.dumps(request) + '\n').encode())
+                reader = conn.makefile('r')
+                pid = json.loads(reader.readline())['pid']
+                deadline = None if timeout is None else time.monotonic() + timeout
+                timed_out = False
+                while True:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    ready, _, _ = select.select([conn], [], [], left)
+                    if ready:
+                        returncode = json.loads(reader.readline())['returncode']
+                        break
+                    timed_out = True
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    deadline = None
+            out = Path(f'{tmp}/out').read_text(errors='replace')
+            err = Path(f'{tmp}/err').read_text(errors='replace')
+        if timed_out:
+            raise subprocess.TimeoutExpired(request['argv'], timeout, out, err)
+        return returncode, out, err
+
+
+_ZYGOTE = Zygote()
+
+
+def _plan(cmd: list[str], env: dict[str, str]) -> dict[str, Any] | None:
+    """The zygote request for ``cmd``, or None where a fresh interpreter is needed."""
+    if os.environ.get('GEPO_TEST_FRESH_PROCESSES') == '1':
+        return None
+    if not cmd or os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):
+        return None
+    if any(p and Path(p).resolve() != ROOT
+           for p in env.get('PYTHONPATH', '').split(os.pathsep)):
+        return None
+    if len(cmd) >= 3 and cmd[1] == '-m':
+        return {'module': cmd[2], 'argv': [cmd[2], *cmd[3:]]}
+    if len(cmd) >= 2 and str(cmd[1]).endswith('.py') and not str(cmd[1]).startswith('-'):
+        return {'script': str(cmd[1]), 'argv': [str(c) for c in cmd[1:]]}
+    return None
+
+
+def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+        timeout: float | None = None, check: bool = False, capture_output: bool = True,
+        text: bool = True) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, ...)`` through the zygote
+    where it can serve the command, a fresh interpreter otherwise.
+
+    Raises:
+        ValueError: ``capture_output`` or ``text`` is False (only captured text is served).
+        subprocess.TimeoutExpired: the run took longer than ``timeout`` (it was killed).
+        subprocess.CalledProcessError: ``check`` and a non-zero exit.
+    """
+    if not (capture_output and text):
+        raise ValueError('preloaded.run captures text output only')
+    cmd = [str(c) for c in cmd]
+    env = dict(os.environ if env is None else env)
+    plan = _plan(cmd, env)
+    if plan is None:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
+                              timeout=timeout, check=False)
+    else:
+        request = dict(plan, env=env, cwd=str(Path(cwd or os.getcwd()).resolve()))
+        returncode, out, err = _ZYGOTE.run(request, timeout)
+        proc = subprocess.CompletedProcess(cmd, returncode, out, err)
+    if check:
+        proc.check_returncode()
+    return proc
+
+
+if __name__ == '__main__' and sys.argv[1:2] == ['--serve']:
+    _serve(sys.argv[2])
