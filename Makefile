@@ -77,8 +77,29 @@ EXPERIMENTS_ARGS ?=
 experiments: $(STAMP)
 	$(PY) tools/run_experiments.py $(EXPERIMENTS_ARGS)
 
+# The suite on $(TEST_WORKERS) pytest-xdist workers (one torch thread each, tests/conftest.py),
+# whole files per worker so a module's server or shared training run starts once; the files
+# that take longest start first (tests/conftest.py). TEST_WORKERS=1: one process, no xdist.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+.PHONY: test-fast coverage
+
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
-	$(V1_REQUIRED) $(PY) -m pytest -m "not slow"
+	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
+
+# The inner loop (CONTRIBUTING.md): the tests that start no training run, server or sandbox
+# (no `integration` marker), a few minutes on two cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not integration" $(PYTEST_WORKERS)
+
+# `make test` with line coverage of gepo_xtuner/ (.coveragerc: subprocesses included), then the
+# report; COVERAGE_ARGS for more, e.g. COVERAGE_ARGS=--show-missing
+COVERAGE_ARGS ?=
+coverage: $(STAMP) $(XTUNER_V1_TEST_DEPS)
+	rm -f .coverage .coverage.*
+	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS) --cov --cov-report=
+	-$(PY) -m coverage combine -q
+	$(PY) -m coverage report $(COVERAGE_ARGS) | tail -n 1
 
 # The GPU checks (docs/gpu.md): the tests marked `gpu` (each skips, with the reason, where
 # torch sees no CUDA device; then the target still succeeds), then the figures they recorded
@@ -105,7 +126,7 @@ gpu-bundle: $(STAMP)
 
 # everything, including the `slow` tests (smoke runs of every shipped config)
 test-all: $(STAMP) $(XTUNER_V1_TEST_DEPS)
-	$(V1_REQUIRED) $(PY) -m pytest
+	$(V1_REQUIRED) $(PY) -m pytest $(PYTEST_WORKERS)
 
 bench: $(STAMP)
 	$(PY) tools/bench_advantage.py

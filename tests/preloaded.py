@@ -3,8 +3,8 @@
 Each such run is a real Python program run as its own process, but a fresh interpreter pays
 8-12 s of CPU importing torch, transformers, mmengine and xtuner before the program's first
 line; the suite starts about a hundred of them. Here one *zygote* process per test process
-imports those packages once (running no torch op, so no OpenMP pool exists yet) and forks a
-child for each run. The child takes the run's argv, environment, working directory and
+imports those third-party packages once (running no torch op, so no OpenMP pool exists yet)
+and forks a child for each run. The child takes the run's argv, environment, working directory and
 stdio, runs the module or script as ``__main__`` (``runpy``, as ``python -m`` / ``python
 path`` do), runs the exit handlers and exits with the program's status. What the run does
 after its imports is what a fresh process does; what differs is only that the packages
@@ -13,8 +13,8 @@ above were imported before the program started.
 Falls back to a fresh interpreter (``subprocess.run``) where that difference could matter:
 
 * a command that is not ``<this python> -m MODULE ...`` or ``<this python> SCRIPT.py ...``;
-* a ``PYTHONPATH`` holding anything but the checkout (an overlay such as transformers 5 or
-  DeepSpeed must be imported instead of what the zygote holds);
+* the zygote could not import its packages under the run's ``PYTHONPATH`` (each distinct
+  ``PYTHONPATH``, an overlay such as transformers 5, has a zygote of its own);
 * ``GEPO_TEST_FRESH_PROCESSES=1`` in the environment of the test run (every run fresh: the
   comparison that shows the two agree).
 
@@ -44,10 +44,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# what every training run and most tools import first; nothing here may run a torch op
-PRELOAD = ('torch', 'numpy', 'transformers', 'mmengine', 'mmengine.runner', 'mmengine.config',
-           'xtuner', 'xtuner.tools.train', 'gepo_xtuner', 'gepo_xtuner.engine',
-           'gepo_xtuner.testbed.tiny', 'safetensors.torch')
+# what every training run and most tools import first: third-party packages only, and none
+# may run a torch op. This project's own package is not among them: importing it applies
+# shims that depend on the program's argv (gepo_xtuner.compat), so each run imports it.
+PRELOAD = ('torch', 'numpy', 'safetensors.torch', 'transformers', 'mmengine', 'mmengine.config',
+           'mmengine.runner', 'xtuner', 'xtuner.tools.train',
+           'transformers.models.qwen2.modeling_qwen2')
 
 
 def _serve(sock_path: str) -> None:
@@ -57,6 +59,8 @@ def _serve(sock_path: str) -> None:
     sys.path[:] = [p for p in sys.path if p != here]  # not the tests' folder
     for name in PRELOAD:
         importlib.import_module(name)
+    if any(name == 'gepo_xtuner' or name.startswith('gepo_xtuner.') for name in sys.modules):
+        sys.exit('a preloaded package imported gepo_xtuner: runs need fresh processes')
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
     srv.listen(8)
@@ -138,22 +142,29 @@ def _child(request: dict[str, Any]) -> None:
 
 
 class Zygote:
-    """The client side: one zygote per test process, started on first use."""
+    """The client side: one zygote per test process and ``PYTHONPATH``, started on first use
+    with that ``PYTHONPATH`` (an overlay such as transformers 5 gets a zygote that imported
+    the overlay's packages)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pythonpath: str) -> None:
+        self.pythonpath = pythonpath
+        self.failed = False  # it could not import PRELOAD here: runs go to fresh processes
         self._proc: subprocess.Popen | None = None
         self._dir = tempfile.mkdtemp(prefix='gepo-zygote-')
         self._sock = os.path.join(self._dir, 'sock')
         self._lock = threading.Lock()
 
     def _start(self) -> None:
-        env = dict(os.environ)
-        env['PYTHONPATH'] = os.pathsep.join(filter(None, (str(ROOT), env.get('PYTHONPATH'))))
+        env = dict(os.environ, PYTHONPATH=self.pythonpath)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._sock)
         self._proc = subprocess.Popen([sys.executable, __file__, '--serve', self._sock],
-                                      stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True)
-        line = self._proc.stdout.readline()
-        if line.strip() != 'ready':
-            raise RuntimeError(f'the preloaded interpreter did not start (exit {self._proc.wait()})')
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env=env, cwd=ROOT, text=True)
+        if self._proc.stdout.readline().strip() != 'ready':
+            self._proc.wait()
+            self.failed = True
+            return
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -163,10 +174,13 @@ class Zygote:
                 self._proc.wait(timeout=10)
         self._proc = None
 
-    def run(self, request: dict[str, Any], timeout: float | None) -> tuple[int, str, str]:
+    def run(self, request: dict[str, Any], timeout: float | None) -> tuple[int, str, str] | None:
+        """Runs ``request`` in a forked child; None where this zygote cannot start."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if not self.failed and (self._proc is None or self._proc.poll() is not None):
                 self._start()
+            if self.failed:
+                return None
         with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
             request = dict(request, stdout=f'{tmp}/out', stderr=f'{tmp}/err')
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
@@ -193,7 +207,7 @@ class Zygote:
         return returncode, out, err
 
 
-_ZYGOTE = Zygote()
+_ZYGOTES: dict[str, Zygote] = {}
 
 
 def _plan(cmd: list[str], env: dict[str, str]) -> dict[str, Any] | None:
@@ -201,9 +215,6 @@ def _plan(cmd: list[str], env: dict[str, str]) -> dict[str, Any] | None:
     if os.environ.get('GEPO_TEST_FRESH_PROCESSES') == '1':
         return None
     if not cmd or os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):
-        return None
-    if any(p and Path(p).resolve() != ROOT
-           for p in env.get('PYTHONPATH', '').split(os.pathsep)):
         return None
     if len(cmd) >= 3 and cmd[1] == '-m':
         return {'module': cmd[2], 'argv': [cmd[2], *cmd[3:]]}
@@ -228,13 +239,17 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | 
     cmd = [str(c) for c in cmd]
     env = dict(os.environ if env is None else env)
     plan = _plan(cmd, env)
-    if plan is None:
+    proc = None
+    if plan is not None:
+        request = dict(plan, env=env, cwd=str(Path(cwd or os.getcwd()).resolve()))
+        pythonpath = os.pathsep.join(filter(None, (env.get('PYTHONPATH'), str(ROOT))))
+        zygote = _ZYGOTES.setdefault(pythonpath, Zygote(pythonpath))
+        done = zygote.run(request, timeout)
+        if done is not None:
+            proc = subprocess.CompletedProcess(cmd, *done)
+    if proc is None:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
                               timeout=timeout, check=False)
-    else:
-        request = dict(plan, env=env, cwd=str(Path(cwd or os.getcwd()).resolve()))
-        returncode, out, err = _ZYGOTE.run(request, timeout)
-        proc = subprocess.CompletedProcess(cmd, returncode, out, err)
     if check:
         proc.check_returncode()
     return proc

@@ -25,6 +25,8 @@ import transformers.utils
 
 import _gepo_xtuner_transformers5 as hook
 
+from tests import preloaded
+
 from .test_engine.conftest import FAST, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +171,7 @@ def test_overlay_is_transformers_5_and_xtuner_needs_the_hook(tf5_deps):
 
 
 def tiny_dir(kind: str, out: Path, overlay: Path) -> Path:
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, '-m', 'tests.transformers5_plugins', kind, str(out)], cwd=ROOT,
         capture_output=True, text=True, timeout=300, check=False,
         env=dict(os.environ, PYTHONPATH=f'{overlay}{os.pathsep}{ROOT}', OMP_NUM_THREADS='1'))
@@ -190,7 +192,7 @@ def train_tf5(tmp_path: Path, tiny: Path, work_dir: Path, overlay: Path,
     """))
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=f'{overlay}{os.pathsep}{ROOT}',
                OMP_NUM_THREADS='1')
-    proc = subprocess.run(
+    proc = preloaded.run(
         [sys.executable, '-m', 'xtuner.tools.train', str(cfg), '--work-dir', str(work_dir),
          '--cfg-options', *FAST, *options], capture_output=True, text=True, env=env, cwd=ROOT,
         timeout=600, check=False)

@@ -53,15 +53,25 @@ def write_config(tmp_path: Path, base: str = 'gepo_tiny_cpu.py', extra: str = ''
 
 
 def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[str] | None = None,
-          timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """Runs xtuner's training entry point for real and returns the finished process."""
+          timeout: int = 600, check: bool = True, fresh: bool = False
+          ) -> subprocess.CompletedProcess:
+    """Runs xtuner's training entry point for real and returns the finished process.
+
+    The process is forked from a preloaded interpreter (``tests/preloaded.py``) unless
+    ``fresh``: a test about what the console shows from the first import on asks for a
+    fresh interpreter.
+    """
     # the checkout first; packages installed beside the interpreter with --target stay found
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH'))))
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path)
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)  # as a user's shell: torch's default loads
     cmd = (launcher or [sys.executable, '-m', 'xtuner.tools.train']) + [
         str(cfg), '--work-dir', str(work_dir), '--cfg-options', *FAST, *options]
-    proc = preloaded.run(cmd, env=env, cwd=ROOT, timeout=timeout)
+    if fresh:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
+                              timeout=timeout, check=False)
+    else:
+        proc = preloaded.run(cmd, env=env, cwd=ROOT, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout[-4000:]}\n'
                              f'{proc.stderr[-6000:]}')

@@ -23,7 +23,8 @@ def load_ckpt(path):
 def test_short_run_learns_logs_and_checkpoints(tmp_path, tiny_dir):
     cfg = write_config(tmp_path)
     work = tmp_path / 'run'
-    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=4')
+    # a fresh interpreter: the console from the first import on is part of what is checked
+    proc = train(cfg, work, tiny_dir, 'train_cfg.max_steps=4', fresh=True)
     logged = scalars(work)
     assert set(range(1, 5)) <= set(logged)
     step = logged[4]
