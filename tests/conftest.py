@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,10 +156,32 @@ def _longest_files_first(items: list) -> None:
     items.sort(key=key)  # stable: within a file, the file's own order
 
 
+# what a test module does that makes it an integration test: it starts processes (training
+# runs, tools, servers, sandboxes, ranks) or trains the tiny policy
+_INTEGRATION = re.compile(
+    r'\b(subprocess|preloaded|Popen|multiprocessing|mp\.spawn|train_ranks|train\(|tiny_dir|'
+    r'real_server|CodeReward|sandbox|ThreadingHTTPServer|uvicorn|smollm2_dir|tf5_deps|'
+    r'sys\.executable)\b')
+
+
+def _mark_integration(items: list) -> None:
+    """Marks ``integration`` every test of a module whose source starts processes or trains
+    (:data:`_INTEGRATION`), so that a new such module leaves ``make test-fast`` by itself."""
+    found: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if path not in found:
+            found[path] = bool(_INTEGRATION.search(path.read_text()))
+        if found[path]:
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Longest files first (see :func:`_longest_files_first`); tests marked ``gpu`` skip,
-    with the reason, where torch sees no CUDA device."""
+    """Longest files first (see :func:`_longest_files_first`); the ``integration`` marker
+    (:func:`_mark_integration`); tests marked ``gpu`` skip, with the reason, where torch
+    sees no CUDA device."""
     _longest_files_first(items)
+    _mark_integration(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason=f'needs CUDA: torch {torch.__version__} sees no CUDA device '
