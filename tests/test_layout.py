@@ -139,9 +139,11 @@ def test_readme_starts_with_what_to_type():
 
 
 def test_docs_links_resolve():
-    """Every relative link of README.md and docs/*.md names a file that exists."""
+    """Every relative link of README.md, CONTRIBUTING.md and docs/*.md names a file that
+    exists."""
     broken = []
-    for doc in [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]:
+    docs = [ROOT / 'README.md', ROOT / 'CONTRIBUTING.md', *sorted((ROOT / 'docs').glob('*.md'))]
+    for doc in docs:
         for target in re.findall(r'\]\(([^)#\s]+)(?:#[^)]*)?\)', doc.read_text()):
             if '://' not in target and not (doc.parent / target).exists():
                 broken.append(f'{doc.relative_to(ROOT)} -> {target}')
