@@ -1,9 +1,8 @@
 """DeepSpeed ZeRO-2/3 through mmengine's FlexibleRunner, two CPU processes over gloo.
 
-Real runs of XTuner's training program on ``configs/deepspeed/gepo_tiny_cpu_zero.py``
-(DeepSpeed's CPU accelerator; ZeRO-3's straight run through ``xtuner train`` and torchrun,
-the others forked ranks, see ``train_ranks``), compared with the same run under DDP: the
-loop's explicit optimizer step must give the same parameters whichever engine holds them.
+Real runs of ``xtuner train configs/deepspeed/gepo_tiny_cpu_zero.py`` (XTuner's launcher, torchrun,
+DeepSpeed's CPU accelerator), compared with the same run under DDP: the loop's explicit
+optimizer step must give the same parameters whichever engine holds them.
 """
 
 import shutil
@@ -35,11 +34,9 @@ def deepspeed_deps() -> Path:
     return DEEPSPEED_DEPS
 
 
-def _train(cfg: Path, work: Path, tiny: Path, deps: Path | None, *options: str,
-           launcher: str = 'forked') -> str:
-    """Two processes of XTuner's training program (``launcher``: see ``train_ranks``);
-    returns the output (``xtuner train`` exits 0 on failure)."""
-    return train_ranks(cfg, work, tiny, 2, *options, deps=deps, launcher=launcher)
+def _train(cfg: Path, work: Path, tiny: Path, deps: Path | None, *options: str) -> str:
+    """Two processes through ``xtuner train``; returns the output (it exits 0 on failure)."""
+    return train_ranks(cfg, work, tiny, 2, *options, deps=deps)
 
 
 def _zero_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -81,9 +78,7 @@ def test_zero_run_equals_ddp_and_resumes_exactly(tmp_path, tiny_dir, deepspeed_d
     monkeypatch.setenv('GEPO_ZERO_STAGE', str(stage))
     cfg = write_config(tmp_path, base='deepspeed/gepo_tiny_cpu_zero.py')
     work = tmp_path / 'run'
-    # ZeRO-3's straight run as a user starts it: xtuner train, torchrun, DeepSpeed
-    out = _train(cfg, work, tiny_dir, deepspeed_deps, 'train_cfg.max_steps=3',
-                 launcher='xtuner' if stage == 3 else 'forked')
+    out = _train(cfg, work, tiny_dir, deepspeed_deps, 'train_cfg.max_steps=3')
     assert (work / 'iter_3.pth').is_dir(), out[-6000:]
     sys.path.insert(0, str(deepspeed_deps))
     try:
