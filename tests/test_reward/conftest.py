@@ -22,9 +22,29 @@ def _set_subreaper(on: bool) -> None:
         raise OSError(err, f'prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}')
 
 
+def _reap_adopted_zombies() -> None:
+    """Waits for the exited children of this process that no one else waits for: the
+    orphans it adopted (inner ``bwrap`` processes) would stay zombies for its lifetime."""
+    me = str(os.getpid())
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = open(f'/proc/{entry}/stat').read().rsplit(')', 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == 'Z' and fields[1] == me:
+            try:
+                os.waitpid(int(entry), os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
 @pytest.fixture(autouse=True)
 def adopt_orphans():
-    """The test process is the subreaper of what it starts while the test runs."""
+    """The test process is the subreaper of what it starts while the test runs; the
+    orphans it adopted and that have exited are reaped afterwards."""
     _set_subreaper(True)
     yield
     _set_subreaper(False)
+    _reap_adopted_zombies()
