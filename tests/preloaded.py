@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,7 @@ def _child(request: dict[str, Any]) -> None:
         os.chdir(request['cwd'])
         os.environ.clear()
         os.environ.update(request['env'])
+        _threads_as_a_fresh_interpreter()
         # as a fresh interpreter: PYTHONPATH entries first, then the script's folder first
         extra = [p for p in request['env'].get('PYTHONPATH', '').split(os.pathsep) if p]
         sys.path[:] = extra + [p for p in sys.path if p not in extra]
@@ -141,6 +143,23 @@ def _child(request: dict[str, Any]) -> None:
         os._exit(code)
 
 
+def _threads_as_a_fresh_interpreter() -> None:
+    """Torch's thread count as a fresh interpreter with this environment would pick it.
+
+    OpenMP reads ``OMP_NUM_THREADS`` when torch is loaded, which was in the zygote (started
+    without it, so at the machine's default); a run whose environment names a count gets it
+    here, one that names none keeps that default.
+    """
+    torch = sys.modules.get('torch')
+    if torch is None:
+        return
+    for name in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+        value = os.environ.get(name, '')
+        if value.isdigit() and int(value) > 0:
+            torch.set_num_threads(int(value))
+            return
+
+
 class Zygote:
     """The client side: one zygote per test process and ``PYTHONPATH``, started on first use
     with that ``PYTHONPATH`` (an overlay such as transformers 5 gets a zygote that imported
@@ -155,7 +174,9 @@ class Zygote:
         self._lock = threading.Lock()
 
     def _start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=self.pythonpath)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')}  # set per run
+        env['PYTHONPATH'] = self.pythonpath
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._sock)
         self._proc = subprocess.Popen([sys.executable, __file__, '--serve', self._sock],
@@ -174,8 +195,10 @@ class Zygote:
                 self._proc.wait(timeout=10)
         self._proc = None
 
-    def run(self, request: dict[str, Any], timeout: float | None) -> tuple[int, str, str] | None:
-        """Runs ``request`` in a forked child; None where this zygote cannot start."""
+    def run(self, request: dict[str, Any], timeout: float | None,
+            on_start: Callable[[int], None] | None = None) -> tuple[int, str, str] | None:
+        """Runs ``request`` in a forked child; None where this zygote cannot start.
+        ``on_start`` gets the child's pid (its process group) as soon as it exists."""
         with self._lock:
             if not self.failed and (self._proc is None or self._proc.poll() is not None):
                 self._start()
@@ -188,6 +211,8 @@ class Zygote:
                 conn.sendall((json.dumps(request) + '\n').encode())
                 reader = conn.makefile('r')
                 pid = json.loads(reader.readline())['pid']
+                if on_start is not None:
+                    on_start(pid)
                 deadline = None if timeout is None else time.monotonic() + timeout
                 timed_out = False
                 while True:
@@ -253,6 +278,74 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | 
     if check:
         proc.check_returncode()
     return proc
+
+
+def run_ranks(script: str | Path, args: list[str], nproc: int, *, env: dict[str, str],
+              cwd: str | Path, timeout: float) -> str | None:
+    """``nproc`` processes of ``python script args``, forked from the zygote, with the
+    environment torchrun gives its workers on one node (``RANK``, ``LOCAL_RANK``,
+    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ...); like
+    torchrun, the first failing rank ends the others. Returns every rank's stdout and
+    stderr, rank 0 first; None where the zygote cannot serve ``env`` (the caller then
+    launches for real).
+
+    Raises:
+        subprocess.TimeoutExpired: the ranks ran past ``timeout`` (all were killed).
+    """
+    if os.environ.get('GEPO_TEST_FRESH_PROCESSES') == '1':
+        return None
+    pythonpath = os.pathsep.join(filter(None, (env.get('PYTHONPATH'), str(ROOT))))
+    zygote = _ZYGOTES.setdefault(pythonpath, Zygote(pythonpath))
+    port = env.get('MASTER_PORT') or str(_free_port())
+    pids: dict[int, int] = {}
+    results: dict[int, tuple[int, str, str] | None | BaseException] = {}
+    lock = threading.Lock()
+
+    def end_others(rank: int) -> None:
+        with lock:
+            for other, pid in pids.items():
+                if other != rank:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGTERM)
+
+    def one(rank: int) -> None:
+        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK='0',
+                        ROLE_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                        ROLE_WORLD_SIZE=str(nproc), MASTER_ADDR='127.0.0.1', MASTER_PORT=port,
+                        TORCHELASTIC_RESTART_COUNT='0', TORCHELASTIC_MAX_RESTARTS='0')
+        rank_env.setdefault('OMP_NUM_THREADS', '1')  # torchrun's default for nproc > 1
+        request = {'script': str(script), 'argv': [str(script), *map(str, args)],
+                   'env': rank_env, 'cwd': str(Path(cwd).resolve())}
+
+        def started(pid: int) -> None:
+            with lock:
+                pids[rank] = pid
+        try:
+            results[rank] = done = zygote.run(request, timeout, started)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            results[rank] = exc
+            end_others(rank)
+            return
+        if done is not None and done[0] != 0:
+            end_others(rank)
+
+    threads = [threading.Thread(target=one, args=(rank,)) for rank in range(nproc)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for rank in range(nproc):
+        if isinstance(results[rank], BaseException):
+            raise results[rank]
+    if any(results[rank] is None for rank in range(nproc)):
+        return None
+    return ''.join(results[rank][1] + results[rank][2] for rank in range(nproc))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
 
 
 if __name__ == '__main__' and sys.argv[1:2] == ['--serve']:

@@ -86,23 +86,41 @@ def free_port() -> int:
 
 
 def train_ranks(cfg: Path, work_dir: Path, tiny: Path, nproc: int, *options: str,
-                deps: Path | None = None, fast: bool = True, timeout: int = 900) -> str:
-    """``nproc`` gloo processes through ``xtuner train`` (torchrun); returns the output.
+                deps: Path | None = None, fast: bool = True, timeout: int = 900,
+                launcher: str = 'forked') -> str:
+    """``nproc`` gloo processes of XTuner's training program; returns their output.
 
-    ``xtuner train`` exits 0 even when training fails: callers judge by what the run
-    left behind. ``deps``: a directory put first on PYTHONPATH (DeepSpeed's overlay).
+    ``launcher='xtuner'``: through ``xtuner train`` with ``NPROC_PER_NODE`` (XTuner's
+    launcher, then torchrun), as a user starts it. ``'forked'``: the same program and
+    arguments (``--launcher pytorch``) in ``nproc`` processes forked from the preloaded
+    interpreter with the environment torchrun gives its workers (tests/preloaded.py); the
+    ranks, gloo and every collective are as real, only the launcher's start-up is saved.
+    Runs with ``deps`` (DeepSpeed's overlay) always go through ``xtuner train``: forked
+    DeepSpeed ranks were seen to hang. ``xtuner train`` exits 0 even when training fails:
+    callers judge by what the run left behind. ``deps``: a directory put first on
+    PYTHONPATH.
     """
     bin_dir = Path(sys.executable).parent
-    xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
-    assert xtuner, 'the xtuner console script is not installed'
     path = f'{deps}{os.pathsep}{ROOT}' if deps else str(ROOT)
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path, NPROC_PER_NODE=str(nproc),
                PORT=str(free_port()), OMP_NUM_THREADS='1', DS_ACCELERATOR='cpu',
                PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
-    proc = subprocess.run([xtuner, 'train', str(cfg), '--work-dir', str(work_dir),
-                           '--cfg-options', *(FAST if fast else []), *options],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    args = [str(cfg), '--work-dir', str(work_dir), '--cfg-options', *(FAST if fast else []),
+            *options]
+    if launcher == 'forked' and deps is None:
+        import xtuner.tools.train as program
+        out = preloaded.run_ranks(program.__file__, [*args, '--launcher', 'pytorch'], nproc,
+                                  env=dict(env, MASTER_PORT=env['PORT']), cwd=ROOT,
+                                  timeout=timeout)
+        if out is not None:
+            return out
+    elif launcher not in ('forked', 'xtuner'):
+        raise ValueError(f"launcher: 'forked' or 'xtuner', not {launcher!r}")
+    xtuner = shutil.which('xtuner', path=str(bin_dir)) or shutil.which('xtuner')
+    assert xtuner, 'the xtuner console script is not installed'
+    proc = subprocess.run([xtuner, 'train', *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=timeout)
     return proc.stdout + proc.stderr
 
 

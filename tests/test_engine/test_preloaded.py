@@ -57,6 +57,20 @@ def test_a_script_sees_and_returns_what_a_fresh_interpreter_gives(tmp_path, args
     assert seen['argv'] == args and seen['env'] == 'probe-value' and not seen['gepo_loaded']
 
 
+@pytest.mark.parametrize('threads', [{'OMP_NUM_THREADS': '1'}, {'MKL_NUM_THREADS': '1'},
+                                     {'OMP_NUM_THREADS': '2'}, {}])
+def test_torch_threads_follow_the_runs_environment(tmp_path, threads):
+    """OpenMP reads OMP_NUM_THREADS when torch loads, in the zygote: a run still gets the
+    thread count a fresh interpreter with its environment picks (a forked rank on two
+    threads where its environment says one ran ten times slower on two cores)."""
+    script = tmp_path / 'threads.py'
+    script.write_text('import torch; print(torch.get_num_threads())\n')
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS')}
+    fresh, forked = both([sys.executable, str(script)], env=dict(env, **threads))
+    assert fresh.returncode == forked.returncode == 0, forked.stderr[-2000:]
+    assert forked.stdout == fresh.stdout
+
+
 def test_a_module_runs_as_main_with_the_cwd_first_on_the_path(tmp_path):
     (tmp_path / 'probe_mod.py').write_text(PROGRAM)
     fresh, forked = both([sys.executable, '-m', 'probe_mod', 'plain'], cwd=tmp_path,
