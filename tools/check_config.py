@@ -576,6 +576,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        'a temporary directory')
     smoke.add_argument('--max-new-tokens', type=int, default=12,
                        help='response token limit of the smoke run (default 12)')
+    smoke.add_argument('--smoke-cache', type=Path,
+                       default=os.environ.get('GEPO_SMOKE_CACHE') or None, metavar='DIR',
+                       help='reuse the tiny model and calibrated records of an earlier smoke '
+                       'run with the same rewards, K and sampling from DIR, and keep new ones '
+                       'there (default: $GEPO_SMOKE_CACHE, else none); checking several '
+                       'algorithms of one task mixture prepares them once')
     args = parser.parse_args(argv)
     if args.world_size is not None and args.world_size < 1:
         parser.error(f'--world-size must be >= 1, got {args.world_size}')
@@ -627,7 +633,8 @@ def smoke(args: argparse.Namespace) -> int:
         if args.cfg_options:
             cfg.merge_from_dict(args.cfg_options)
         plan = sm.prepare_smoke_run(cfg, out, steps=args.smoke_steps, world_size=args.nproc,
-                                    max_new_tokens=args.max_new_tokens)
+                                    max_new_tokens=args.max_new_tokens,
+                                    cache_dir=args.smoke_cache)
     except Exception as exc:  # noqa: BLE001 (report what stops the set-up)
         print(f'{path}: smoke set-up failed: {type(exc).__name__}: {exc}', file=sys.stderr)
         return 1
@@ -651,7 +658,8 @@ def smoke(args: argparse.Namespace) -> int:
     print(f'  micro-batches {micro}')
     print('  records       ' + ', '.join(
         f'{d}: reward rate {v["reward_rate"]:.2f}, mixed groups {v["mixed_groups"]:.0%}'
-        for d, v in plan.rewards.items()) + f' (tiny policy\'s own samples, seed {plan.seed})')
+        for d, v in plan.rewards.items()) + f' (tiny policy\'s own samples, seed {plan.seed}'
+        + (f'; from the cache {args.smoke_cache})' if plan.cached else ')'))
     cmd = sm.train_command(sys.executable, plan.config_path, plan.run_dir, args.nproc,
                            free_port())
     print(f'  command       {" ".join(cmd)}', flush=True)

@@ -27,11 +27,14 @@ which writes files.
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import json
 import math
+import os
 import random
 import re
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -698,6 +701,7 @@ class SmokePlan:
         rewards: per domain, the reward rate and share of mixed groups that the tiny
             policy's own samples got under the chosen references.
         replaced: ``what -> (config value, smoke value)`` of the swapped parts.
+        cached: the model and records came from ``cache_dir`` (:func:`prepare_smoke_run`).
     """
 
     config_path: Path
@@ -710,64 +714,65 @@ class SmokePlan:
     interface: str
     rewards: dict[str, dict[str, float]]
     replaced: dict[str, tuple[str, str]]
+    cached: bool = False
 
 
 def _describe_type(cfg: Any) -> str:
     return str(cfg.get('type')) if isinstance(cfg, Mapping) else str(cfg)
 
 
-def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int,
-                      world_size: int, max_new_tokens: int = 12, n_train: int = 8,
-                      n_val: int = 1, seeds: Sequence[int] = range(8)) -> SmokePlan:
-    """Writes the tiny model, the calibrated records and the smoke config under ``out_dir``.
+def _prepared_key(inputs: Mapping[str, Any]) -> str:
+    """The cache key of a prepared model and record set: a SHA-256 over everything that
+    decides them (the config's rewards and sampling, K, the record counts, the seeds), the
+    versions of torch, transformers and this package, and this module's own source."""
+    import torch
+    import transformers
 
-    The weight seed is the first of ``seeds`` whose model gets mixed rewards (as its
-    own samples, scored by the config's real reward functions) on at least half of the
-    probe records of every answer-checked domain (code is exempt: random text rarely
-    is a program); failing that, the best seed.
+    from .. import __version__
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(dict(inputs, versions=[torch.__version__, transformers.__version__,
+                                                    __version__]),
+                             sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:32]
 
-    Args:
-        cfg: the loaded config (loaded with ``WORLD_SIZE=world_size``).
-        out_dir: directory for ``model/``, ``data/``, ``run/`` and ``smoke_config.py``.
-        steps: RL steps.
-        world_size: training processes.
-        max_new_tokens: response token limit.
-        n_train: training records per domain, at least; raised to what ``steps`` full
-            batches of the scaled geometry on ``world_size`` ranks draw, so that no
-            step of the run trains on a partial batch (the end of an epoch).
-        n_val: validation records per domain.
-        seeds: weight seeds to try.
 
-    Returns:
-        The plan.
+def _cached_prepared(cache: Path, out_dir: Path) -> dict[str, Any] | None:
+    """Copies a cached ``model/`` and ``data/`` into ``out_dir``; their metadata, or None
+    when ``cache`` holds no complete entry."""
+    try:
+        meta = json.loads((cache / 'meta.json').read_text(encoding='utf-8'))
+    except (OSError, ValueError):
+        return None
+    for name in ('model', 'data'):
+        if (out_dir / name).exists():
+            shutil.rmtree(out_dir / name)
+        shutil.copytree(cache / name, out_dir / name)
+    return meta
 
-    Raises:
-        ValueError: the config is not an RL config of this package (no
-            ``train_cfg.rewards``) or its batch cannot be scaled.
-    """
-    from mmengine.config import Config
 
-    from ..reward import RewardRouter
+def _store_prepared(cache: Path, out_dir: Path, meta: Mapping[str, Any]) -> None:
+    """Writes ``out_dir``'s ``model/`` and ``data/`` with ``meta`` as the entry ``cache``,
+    whole or not at all (built beside it, then renamed); a concurrent writer's entry wins."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.parent / f'.{cache.name}.{os.getpid()}.tmp'
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name in ('model', 'data'):
+        shutil.copytree(out_dir / name, tmp / name)
+    (tmp / 'meta.json').write_text(json.dumps(meta), encoding='utf-8')
+    try:
+        os.rename(tmp, cache)
+    except OSError:  # another process stored the same entry first
+        shutil.rmtree(tmp, ignore_errors=True)
 
-    out_dir = Path(out_dir)
-    loop = cfg.get('train_cfg') or {}
-    if not loop.get('rewards'):
-        raise ValueError('train_cfg.rewards is missing: not an RL config of gepo_xtuner')
-    kinds = domains_of(loop['rewards'])
-    router = RewardRouter(loop['rewards'])
-    family = choose_family(cfg.get('policy_model_type'))
-    tok = build_smoke_tokenizer()
-    k = int(loop.get('num_responses', 8))
-    per_rank = int(cfg['train_dataloader']['batch_size'])
-    minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
-    prompts = scale_geometry(k, per_rank * world_size, minibatch, world_size, 1).prompts_per_step
-    n_train = max(n_train, math.ceil(prompts * steps / len(kinds)))
-    sampling = dict(loop.get('sampling') or {})
-    sample_args = dict(template=loop.get('prompt_template', '{prompt}'),
-                       temperature=float(sampling.get('temperature', 1.0)),
-                       top_p=float(sampling.get('top_p', 1.0)),
-                       top_k=int(sampling.get('top_k', 0) or 0), max_new_tokens=max_new_tokens)
-    train = make_records(kinds, 2 * n_train, seed=0)  # calibration keeps the better half
+
+def _prepare_model_and_records(out_dir: Path, family: TinyFamily, tok: Any,
+                               kinds: Mapping[str, str], router: Any,
+                               train: list[dict[str, Any]], *, k: int, n_train: int, n_val: int,
+                               seeds: Sequence[int], sample_args: Mapping[str, Any]
+                               ) -> dict[str, Any]:
+    """The seed search and the calibration of :func:`prepare_smoke_run`: writes
+    ``out_dir/model`` and ``out_dir/data``; returns ``{'seed', 'rewards'}`` (the train
+    split's report)."""
     probe = [r for r in train if kinds[r['domain']] != 'code'][:4 * len(kinds)]
     best: tuple[float, int] | None = None
     for seed in seeds:
@@ -798,6 +803,79 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
         data_dir.mkdir(parents=True, exist_ok=True)
         (data_dir / f'{split}.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in done),
                                                  encoding='utf-8')
+    return dict(seed=seed, rewards=splits['train'])
+
+
+def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int,
+                      world_size: int, max_new_tokens: int = 12, n_train: int = 8,
+                      n_val: int = 1, seeds: Sequence[int] = range(8),
+                      cache_dir: str | Path | None = None) -> SmokePlan:
+    """Writes the tiny model, the calibrated records and the smoke config under ``out_dir``.
+
+    The weight seed is the first of ``seeds`` whose model gets mixed rewards (as its
+    own samples, scored by the config's real reward functions) on at least half of the
+    probe records of every answer-checked domain (code is exempt: random text rarely
+    is a program); failing that, the best seed.
+
+    Args:
+        cfg: the loaded config (loaded with ``WORLD_SIZE=world_size``).
+        out_dir: directory for ``model/``, ``data/``, ``run/`` and ``smoke_config.py``.
+        steps: RL steps.
+        world_size: training processes.
+        max_new_tokens: response token limit.
+        n_train: training records per domain, at least; raised to what ``steps`` full
+            batches of the scaled geometry on ``world_size`` ranks draw, so that no
+            step of the run trains on a partial batch (the end of an epoch).
+        n_val: validation records per domain.
+        seeds: weight seeds to try.
+        cache_dir: where prepared models and record sets are kept for reuse (None: no
+            cache). The seed search and the calibration score thousands of samples with
+            the real verifiers (code runs in the sandbox); configs that differ only in
+            what they train with (the algorithm, the optimizer) share one entry, keyed
+            by :func:`_prepared_key`. The smoke config is written for each call.
+
+    Returns:
+        The plan.
+
+    Raises:
+        ValueError: the config is not an RL config of this package (no
+            ``train_cfg.rewards``) or its batch cannot be scaled.
+    """
+    from mmengine.config import Config
+
+    from ..reward import RewardRouter
+
+    out_dir = Path(out_dir)
+    loop = cfg.get('train_cfg') or {}
+    if not loop.get('rewards'):
+        raise ValueError('train_cfg.rewards is missing: not an RL config of gepo_xtuner')
+    kinds = domains_of(loop['rewards'])
+    family = choose_family(cfg.get('policy_model_type'))
+    tok = build_smoke_tokenizer()
+    k = int(loop.get('num_responses', 8))
+    per_rank = int(cfg['train_dataloader']['batch_size'])
+    minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
+    prompts = scale_geometry(k, per_rank * world_size, minibatch, world_size, 1).prompts_per_step
+    n_train = max(n_train, math.ceil(prompts * steps / len(kinds)))
+    sampling = dict(loop.get('sampling') or {})
+    sample_args = dict(template=loop.get('prompt_template', '{prompt}'),
+                       temperature=float(sampling.get('temperature', 1.0)),
+                       top_p=float(sampling.get('top_p', 1.0)),
+                       top_k=int(sampling.get('top_k', 0) or 0), max_new_tokens=max_new_tokens)
+    train = make_records(kinds, 2 * n_train, seed=0)  # calibration keeps the better half
+    model_dir, data_dir = out_dir / 'model', out_dir / 'data'
+    cache = None if cache_dir is None else Path(cache_dir) / _prepared_key(dict(
+        family=[family.name, family.model_class], rewards=_plain(loop['rewards']), k=k, sampling=sample_args,
+        n_train=n_train, n_val=n_val, seeds=list(seeds)))
+    meta = None if cache is None else _cached_prepared(cache, out_dir)
+    cached = meta is not None
+    if meta is None:
+        meta = _prepare_model_and_records(
+            out_dir, family, tok, kinds, RewardRouter(loop['rewards']), train, k=k, n_train=n_train, n_val=n_val,
+            seeds=seeds, sample_args=sample_args)
+        if cache is not None:
+            _store_prepared(cache, out_dir, meta)
+    seed = int(meta['seed'])
     prompt_tokens = max(len(tok(sample_args['template'].format(**r))['input_ids'])
                         for r in train)
     geometry = scale_geometry(k, per_rank * world_size, minibatch, world_size,
@@ -820,7 +898,8 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     }
     return SmokePlan(config_path=config_path, run_dir=out_dir / 'run', model_dir=model_dir,
                      data_dir=data_dir, family=family, seed=seed, geometry=geometry,
-                     interface=interface, rewards=splits['train'], replaced=replaced)
+                     interface=interface, rewards=meta['rewards'], replaced=replaced,
+                     cached=cached)
 
 
 def train_command(python: str, config_path: str | Path, work_dir: str | Path, nproc: int,

@@ -191,7 +191,49 @@ def test_smoke_model_has_peaked_distributions():
     assert logp.min() < -8  # and tokens several nats below it
 
 
+def test_prepared_model_and_records_from_the_cache_equal_fresh_ones(tmp_path):
+    """A cache hit gives the files a fresh preparation writes, byte for byte; an input
+    that decides them (K) is a new entry, what does not (the algorithm) is not."""
+    def cfg(k: int = 4, loss: str = 'CISPOLoss') -> dict:
+        return dict(model=dict(type='RLPolicy', pretrained='x', policy_loss=dict(type=loss)),
+                    train_dataloader=dict(batch_size=4, dataset=dict(path='x')),
+                    train_cfg=dict(type='RLTrainLoop', num_responses=k,
+                                   minibatch_responses_per_rank=2 * k,
+                                   rewards=dict(math=dict(type='MathReward'),
+                                                default=dict(type='ExactMatchReward'))),
+                    optim_wrapper=dict(type='OptimWrapper', optimizer=dict(type='AdamW')))
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob('*'))
+                if p.is_file() and p.parts[len(root.parts)] in ('model', 'data')}
+
+    args = dict(steps=1, world_size=1, seeds=range(2), max_new_tokens=4)
+    cache = tmp_path / 'cache'
+    fresh = smoke.prepare_smoke_run(cfg(), tmp_path / 'fresh', **args)
+    first = smoke.prepare_smoke_run(cfg(), tmp_path / 'first', cache_dir=cache, **args)
+    hit = smoke.prepare_smoke_run(cfg(loss='GRPOLoss'), tmp_path / 'hit', cache_dir=cache,
+                                  **args)
+    other = smoke.prepare_smoke_run(cfg(k=2), tmp_path / 'other', cache_dir=cache, **args)
+    assert (fresh.cached, first.cached, hit.cached, other.cached) == (False, False, True, False)
+    assert len(list(cache.iterdir())) == 2
+    assert files(tmp_path / 'hit') == files(tmp_path / 'first') == files(tmp_path / 'fresh')
+    assert len(files(tmp_path / 'hit')) >= 4  # weights, tokenizer, train and val records
+    assert (hit.seed, hit.rewards) == (fresh.seed, fresh.rewards)
+    assert (hit.geometry, hit.family) == (fresh.geometry, fresh.family)
+    assert Config.fromfile(str(hit.config_path)).model.policy_loss.type == 'GRPOLoss'
+
+
 # ---- real runs through xtuner's training program ----
+
+
+@pytest.fixture(scope='module', autouse=True)
+def smoke_cache(tmp_path_factory):
+    """The module's smoke runs share prepared models and records where their inputs agree
+    (``--smoke-cache``, here through ``GEPO_SMOKE_CACHE``), as a user checking several
+    algorithms of one mixture would; the cache itself is checked above."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('GEPO_SMOKE_CACHE', str(tmp_path_factory.mktemp('smoke_cache')))
+        yield
 
 def run_smoke(config: str, *extra: str, steps: int = 2, nproc: int = 2,
               timeout: int = 400) -> subprocess.CompletedProcess:
