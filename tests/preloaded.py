@@ -58,6 +58,10 @@ def _serve(sock_path: str) -> None:
     parent = os.getppid()
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if p != here]  # not the tests' folder
+    # the pipe to the client carries the handshake only: what the imports print (DeepSpeed's
+    # accelerator notice, under its overlay) goes to the zygote's stderr
+    handshake = os.fdopen(os.dup(1), 'w')
+    os.dup2(2, 1)
     for name in PRELOAD:
         importlib.import_module(name)
     if any(name == 'gepo_xtuner' or name.startswith('gepo_xtuner.') for name in sys.modules):
@@ -65,8 +69,8 @@ def _serve(sock_path: str) -> None:
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
     srv.listen(8)
-    sys.stdout.write('ready\n')
-    sys.stdout.flush()
+    handshake.write('ready\n')
+    handshake.close()
     children: dict[int, socket.socket] = {}
     while os.getppid() == parent:
         ready, _, _ = select.select([srv], [], [], 0.05)
@@ -182,7 +186,10 @@ class Zygote:
         self._proc = subprocess.Popen([sys.executable, __file__, '--serve', self._sock],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       env=env, cwd=ROOT, text=True)
-        if self._proc.stdout.readline().strip() != 'ready':
+        for line in self._proc.stdout:  # lines before it: printed at interpreter start
+            if line.strip() == 'ready':
+                break
+        else:  # it exited: its imports failed
             self._proc.wait()
             self.failed = True
             return

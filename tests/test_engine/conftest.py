@@ -95,10 +95,9 @@ def train_ranks(cfg: Path, work_dir: Path, tiny: Path, nproc: int, *options: str
     arguments (``--launcher pytorch``) in ``nproc`` processes forked from the preloaded
     interpreter with the environment torchrun gives its workers (tests/preloaded.py); the
     ranks, gloo and every collective are as real, only the launcher's start-up is saved.
-    Runs with ``deps`` (DeepSpeed's overlay) always go through ``xtuner train``: forked
-    DeepSpeed ranks were seen to hang. ``xtuner train`` exits 0 even when training fails:
-    callers judge by what the run left behind. ``deps``: a directory put first on
-    PYTHONPATH.
+    ``xtuner train`` exits 0 even when training fails: callers judge by what the run left
+    behind. ``deps``: a directory put first on PYTHONPATH (DeepSpeed's overlay; its ranks
+    fork from a zygote that imported DeepSpeed).
     """
     bin_dir = Path(sys.executable).parent
     path = f'{deps}{os.pathsep}{ROOT}' if deps else str(ROOT)
@@ -108,7 +107,7 @@ def train_ranks(cfg: Path, work_dir: Path, tiny: Path, nproc: int, *options: str
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
     args = [str(cfg), '--work-dir', str(work_dir), '--cfg-options', *(FAST if fast else []),
             *options]
-    if launcher == 'forked' and deps is None:
+    if launcher == 'forked':
         import xtuner.tools.train as program
         out = preloaded.run_ranks(program.__file__, [*args, '--launcher', 'pytorch'], nproc,
                                   env=dict(env, MASTER_PORT=env['PORT']), cwd=ROOT,

@@ -71,6 +71,22 @@ def test_torch_threads_follow_the_runs_environment(tmp_path, threads):
     assert forked.stdout == fresh.stdout
 
 
+def test_an_overlay_that_prints_at_start_up_is_still_served(tmp_path):
+    """What an overlay prints on stdout while the zygote starts (DeepSpeed's accelerator
+    notice, imported by mmengine.runner) is not taken for the zygote's handshake: it
+    serves the runs (a zygote that waited for a different first line hung the suite)."""
+    overlay = tmp_path / 'overlay'
+    overlay.mkdir()
+    (overlay / 'sitecustomize.py').write_text('print("a notice at start-up", flush=True)\n')
+    (tmp_path / 'prog.py').write_text('print("ran")\n')
+    env = dict(os.environ, PYTHONPATH=str(overlay))
+    proc = preloaded.run([sys.executable, str(tmp_path / 'prog.py')], env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == 'ran'
+    zygote = preloaded._ZYGOTES[os.pathsep.join([str(overlay), str(preloaded.ROOT)])]
+    assert not zygote.failed and zygote._proc.poll() is None  # served, not a fallback
+    zygote.close()
+
+
 def test_a_module_runs_as_main_with_the_cwd_first_on_the_path(tmp_path):
     (tmp_path / 'probe_mod.py').write_text(PROGRAM)
     fresh, forked = both([sys.executable, '-m', 'probe_mod', 'plain'], cwd=tmp_path,
