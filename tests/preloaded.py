@@ -303,7 +303,7 @@ def run_ranks(script: str | Path, args: list[str], nproc: int, *, env: dict[str,
         return None
     pythonpath = os.pathsep.join(filter(None, (env.get('PYTHONPATH'), str(ROOT))))
     zygote = _ZYGOTES.setdefault(pythonpath, Zygote(pythonpath))
-    port = env.get('MASTER_PORT') or str(_free_port())
+    port = env['MASTER_PORT']  # the caller's free port, as torchrun's --master_port
     pids: dict[int, int] = {}
     results: dict[int, tuple[int, str, str] | None | BaseException] = {}
     lock = threading.Lock()
@@ -347,12 +347,6 @@ def run_ranks(script: str | Path, args: list[str], nproc: int, *, env: dict[str,
     if any(results[rank] is None for rank in range(nproc)):
         return None
     return ''.join(results[rank][1] + results[rank][2] for rank in range(nproc))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == '__main__' and sys.argv[1:2] == ['--serve']:
