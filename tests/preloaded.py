@@ -15,6 +15,7 @@ Falls back to a fresh interpreter (``subprocess.run``) where that difference cou
 * a command that is not ``<this python> -m MODULE ...`` or ``<this python> SCRIPT.py ...``;
 * the zygote could not import its packages under the run's ``PYTHONPATH`` (each distinct
   ``PYTHONPATH``, an overlay such as transformers 5, has a zygote of its own);
+* the machine has a GPU and the imports touched CUDA, so a forked child could not use it;
 * ``GEPO_TEST_FRESH_PROCESSES=1`` in the environment of the test run (every run fresh: the
   comparison that shows the two agree).
 
@@ -66,6 +67,8 @@ def _serve(sock_path: str) -> None:
         importlib.import_module(name)
     if any(name == 'gepo_xtuner' or name.startswith('gepo_xtuner.') for name in sys.modules):
         sys.exit('a preloaded package imported gepo_xtuner: runs need fresh processes')
+    if _forks_lose_cuda():
+        sys.exit('a preloaded package touched CUDA: runs need fresh processes')
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(sock_path)
     srv.listen(8)
@@ -97,6 +100,25 @@ def _serve(sock_path: str) -> None:
     for pid in children:  # the test process died: take its runs with it
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def _forks_lose_cuda() -> bool:
+    """Whether a child forked now would lack a GPU it could use ("Cannot re-initialize CUDA
+    in forked subprocess", seen for every forked training run on an H100).
+
+    Torch marks forks bad once the CUDA driver was asked anything (a device count, not only
+    an initialised context); the preloaded imports do that on every machine with a CUDA
+    build of torch. Only a forked child can tell, so one is forked to ask. Where the
+    machine has no GPU, a bad fork loses nothing and the zygote serves.
+    """
+    torch = sys.modules['torch']
+    if not torch.backends.cuda.is_built():
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    bad = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+    return bad and torch.cuda.device_count() > 0  # forks are already bad: asking costs nothing
 
 
 def _child(request: dict[str, Any]) -> None:

@@ -87,6 +87,19 @@ def test_an_overlay_that_prints_at_start_up_is_still_served(tmp_path):
     zygote.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA: a GPU the run uses')
+def test_a_run_on_a_gpu_machine_can_use_cuda(tmp_path):
+    """The preloaded imports ask the CUDA driver for a device count, after which torch refuses
+    CUDA in a forked child ("Cannot re-initialize CUDA in forked subprocess": every forked
+    training run failed so on an H100). On a machine with a GPU the zygote declines and the
+    run gets a fresh interpreter; on CPU it serves (``_forks_lose_cuda``)."""
+    (tmp_path / 'prog.py').write_text(
+        'import torch\nprint(torch.ones(3, device="cuda").sum().item())\n')
+    proc = preloaded.run([sys.executable, str(tmp_path / 'prog.py')], timeout=300)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == '3.0', proc.stderr
+
+
 def test_a_module_runs_as_main_with_the_cwd_first_on_the_path(tmp_path):
     (tmp_path / 'probe_mod.py').write_text(PROGRAM)
     fresh, forked = both([sys.executable, '-m', 'probe_mod', 'plain'], cwd=tmp_path,

@@ -10,7 +10,8 @@ Qwen2 (started by the backend's ``launch``), the trainer's policy in bf16 on the
   scoring at 0.7;
 * weight update over CUDA IPC (the path for one GPU), with the server put to sleep after
   each generation and woken around the push: after perturbing the trainer's weights the
-  server's logprobs match the NEW weights' scoring and no longer the old ones';
+  server's logprobs match the NEW weights' scoring (within the bf16-vs-fp32 tolerance and
+  a mean bound, see ``AFTER_PUSH_MEAN``) and are off the old ones' by 10 times more;
 * one RL step through ``xtuner train`` with that backend (``rollout/logprob_abs_diff``).
 
 Needs the lmdeploy package (on a GPU machine without network: ``tools/gpu_run.sh`` installs
@@ -35,6 +36,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 STARTUP_S = 420  # first start compiles LMDeploy's Triton kernels
 SERVER_ARGS = ['--cache-max-entry-count', '0.2', '--session-len', '2048']
+# the weight change before the push (0.13 of the initial weights' spread)
+PERTURB = 0.02
+# After the weights change, the server and the trainer (both bf16) agree only as well as two
+# bf16 implementations do, not to the 0.015 nats they share on the weights the server
+# loaded: on an H100, a server STARTED on weights perturbed by 0.1 (no push) differed from
+# the trainer by mean 0.056, max 0.48 nats, and after a push by mean 0.052, max 0.33-0.67;
+# with 0.02, after a push, mean 0.046, max 0.22; the old weights' scoring by mean 2.1.
+# So the check after a push is the bf16-vs-fp32 tolerance plus a mean bound, and the old
+# weights must be off by far more.
+AFTER_PUSH_MEAN = 0.15
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -50,7 +61,6 @@ def test_lmdeploy_pytorch_engine_generates_updates_and_sleeps(model_dirs, device
         launch={'model_path': str(model_dir), 'port': 0, 'extra_args': SERVER_ARGS,
                 'log_file': str(tmp_path / 'server.log'), 'startup_timeout_s': STARTUP_S},
         weight_sync={'mode': 'ipc'}, sleep_wake=True, timeout_s=300)
-    tol = TOLERANCES[torch.bfloat16]['logprobs']
     try:
         backend.attach(policy.llm, policy.tokenizer)
         first = rollout_vs_trainer(policy, _prompts(8), 32, backend=backend)
@@ -66,17 +76,20 @@ def test_lmdeploy_pytorch_engine_generates_updates_and_sleeps(model_dirs, device
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for p in policy.llm.parameters():
-                p.add_(torch.randn(p.shape, generator=gen).to(p) * 0.1)
+                p.add_(torch.randn(p.shape, generator=gen).to(p) * PERTURB)
         backend.update_weights(policy.llm)
-        after = rollout_vs_trainer(policy, _prompts(8), 32, backend=backend)
+        after = rollout_vs_trainer(policy, _prompts(8), 32, backend=backend,
+                                   tol=TOLERANCES[torch.bfloat16]['vs_fp32'])
         stale = rollout_vs_trainer(old, _prompts(8), 32, backend=backend)
     finally:
         backend.close()
     record('lmdeploy[generate, ipc update, sleep/wake]', {
         'before_update': first, 'after_update': after,
         'after_update_vs_old_weights': stale['logprobs']})
-    assert after['logprobs'].ok, str(after['logprobs'])
-    assert stale['logprobs'].max_abs > tol.atol, 'the server still samples the old weights'
+    got = after['logprobs']
+    assert got.ok and got.mean_abs <= AFTER_PUSH_MEAN, str(got)
+    assert stale['logprobs'].mean_abs > 10 * got.mean_abs, \
+        f'the server still samples the old weights: {stale["logprobs"]} vs {got}'
 
 
 def test_one_rl_step_through_lmdeploy(model_dirs, tiny_dir, device, tmp_path):
