@@ -428,7 +428,7 @@ def calibrate_records(records: Sequence[dict[str, Any]], kinds: Mapping[str, str
         best: tuple[float, dict[str, Any], float] | None = None
         for update in answer_candidates(kinds.get(domain, 'exact'), record, texts):
             trial = {**record, **update}
-            rate = sum(_safe_reward(fn, t, trial) > 0 for t in texts) / max(len(texts), 1)
+            rate = sum(v > 0 for v in _safe_rewards(fn, texts, trial)) / max(len(texts), 1)
             score = abs(rate - 0.5) if 0 < rate < 1 else 2.0 + abs(rate - 0.5)
             if best is None or score < best[0]:
                 best = (score, update, rate)
@@ -448,6 +448,23 @@ def calibrate_records(records: Sequence[dict[str, Any]], kinds: Mapping[str, str
     report = {d: dict(reward_rate=sum(r for r, _ in v) / len(v),
                       mixed_groups=sum(m for _, m in v) / len(v)) for d, v in stats.items()}
     return out, report
+
+
+def _safe_rewards(fn: Any, texts: Sequence[str], record: Mapping[str, Any]) -> list[float]:
+    """The reward of each of ``texts`` for ``record``, as training scores them: through the
+    reward's own :meth:`~gepo_xtuner.reward.base.Reward.score_batch` where it has one (the
+    code reward's runs in parallel), one by one where that raises or gives no finite
+    number, and 0 for a sample whose reward raises."""
+    from ..reward.base import Reward
+    if isinstance(fn, Reward) and type(fn).score_batch is not Reward.score_batch:
+        try:
+            values = [float(v) for v in fn.score_batch(list(texts),
+                                                       [dict(record) for _ in texts])]
+        except Exception:  # noqa: BLE001 (scored one by one below, as the router does)
+            values = []
+        if len(values) == len(texts) and all(math.isfinite(v) for v in values):
+            return values
+    return [_safe_reward(fn, t, record) for t in texts]
 
 
 def _safe_reward(fn: Any, completion: str, record: Mapping[str, Any]) -> float:

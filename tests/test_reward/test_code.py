@@ -140,6 +140,41 @@ def test_parallel_workers_give_the_same_scores():
     assert CodeReward(timeout_s=5, max_workers=3)(KADANE_WRONG, MAX_SUBARRAY) == 0.0
 
 
+def test_a_batch_scored_in_threads_equals_one_by_one():
+    """``score_batch`` in 4 threads (the default; the RL loop scores a step's code responses
+    so) gives each response the score and outcome of scoring one by one, in order:
+    passes, partial failures, a time-out, an answer the trainer refuses to decode
+    (``reward/invalid_output/code``), a response without code. A broken record in a batch
+    costs only its own response (the router scores that batch again one by one)."""
+    from .test_sandbox_fuzz import CALL_ATTACKS, CALL_RECORD
+    batch = [(KADANE, MAX_SUBARRAY), (KADANE_WRONG, MAX_SUBARRAY), (TWO_SUM_OK, TWO_SUM),
+             (TWO_SUM_WRONG, TWO_SUM), ('```python\nwhile True:\n    pass\n```', MAX_SUBARRAY),
+             (f"```python\n{CALL_ATTACKS['malformed']}\n```", CALL_RECORD),
+             ('no code here', TWO_SUM), (KADANE, MAX_SUBARRAY)]
+    scored = {}
+    for workers in (1, 4):
+        reward = CodeReward(timeout_s=1, partial_credit=True, batch_workers=workers)
+        direct = reward.score_batch([c for c, _ in batch], [r for _, r in batch])
+        scored[workers] = ([float(v) for v in direct], [getattr(v, 'outcome', None)
+                                                        for v in direct])
+    assert scored[4] == scored[1]
+    values, outcomes = scored[4]
+    assert values == pytest.approx([1, 2 / 3, 1, 0, 0, 0, 0, 1])
+    assert outcomes.count('invalid_output') == 1 and outcomes[5] == 'invalid_output'
+
+    router = RewardRouter({'code': CodeReward(timeout_s=1, partial_credit=True)})
+    values, metrics = router([c for c, _ in batch], [r for _, r in batch])
+    assert values.tolist() == pytest.approx(scored[1][0])
+    assert metrics['reward/errors/code'] == 0 and metrics['reward/invalid_output/code'] == 1
+    broken = {'domain': 'code', 'tests': 'not a list'}
+    values, metrics = router([c for c, _ in batch] + [KADANE],
+                             [r for _, r in batch] + [broken])
+    assert values.tolist() == pytest.approx(scored[1][0] + [0])
+    assert metrics['reward/errors/code'] == 1 and metrics['reward/invalid_output/code'] == 1
+    with pytest.raises(ValueError, match='batch_workers must be an integer >= 1'):
+        CodeReward(batch_workers=0)
+
+
 def test_floats_within_tolerance_and_output_normalisation():
     record = {'tests': [{'input': '', 'output': '0.333333333\n'}]}
     assert CodeReward()('print(1/3)', record) == 1.0  # 0.3333333333333333

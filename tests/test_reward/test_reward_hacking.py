@@ -16,7 +16,6 @@ import json
 import os
 import pickle
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -122,10 +121,11 @@ def _completions() -> list[tuple[str, str, str]]:
 
 
 def _score_all(reward: CodeReward) -> dict[tuple[str, str], float]:
+    """Every completion scored as the RL loop scores a step's code responses
+    (``score_batch``: ``batch_workers`` threads, each waiting on its sandbox runs)."""
     jobs = _completions()
-    with ThreadPoolExecutor(2) as pool:
-        scores = pool.map(lambda job: reward(job[2], FORMS[job[0]][0]), jobs)
-        return {(form, name): score for (form, name, _), score in zip(jobs, scores)}
+    scores = reward.score_batch([job[2] for job in jobs], [FORMS[job[0]][0] for job in jobs])
+    return {(form, name): float(score) for (form, name, _), score in zip(jobs, scores)}
 
 
 def _check(scores: dict[tuple[str, str], float]) -> None:
@@ -206,7 +206,7 @@ for level in ('isolated', 'contained'):
             request['calls'] = [tuple(c) for c in request['calls']]
         r = box.run(request.pop('code'), **request)
         return key, (r.status, r.returncode, r.stdout, r.stderr, r.value, r.has_value)
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(4) as pool:
         out['results'][level] = dict(pool.map(one, requests.items()))
 with open(sys.argv[3], 'wb') as f:
     pickle.dump(out, f)
@@ -425,8 +425,7 @@ def test_all_of_humaneval_as_published():
         jobs += [(record, f"```python\n{record['prompt']}{record['canonical_solution']}\n```", 1.0),
                  (record, record['prompt'] + '    pass\n', 0.0)]
     assert len(HUMANEVAL) == 164
-    with ThreadPoolExecutor(2) as pool:
-        scores = list(pool.map(lambda job: reward(job[1], job[0]), jobs))
+    scores = reward.score_batch([job[1] for job in jobs], [job[0] for job in jobs])
     wrong = [(job[0]['task_id'], job[2], score) for job, score in zip(jobs, scores)
              if score != job[2]]
     assert wrong == []
