@@ -93,12 +93,14 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not integration" $(PYTEST_WORKERS)
 
 # `make test` with line coverage of gepo_xtuner/ (.coveragerc: subprocesses included), then the
-# report; COVERAGE_ARGS for more, e.g. COVERAGE_ARGS=--show-missing
+# report; COVERAGE_ARGS for more, e.g. COVERAGE_ARGS=--show-missing. `combine --append`:
+# pytest-cov has already combined the workers into .coverage, and a plain combine would
+# replace that with the few data files written after it (the processes that ended last)
 COVERAGE_ARGS ?=
 coverage: $(STAMP) $(XTUNER_V1_TEST_DEPS)
 	rm -f .coverage .coverage.*
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS) --cov --cov-report=
-	-$(PY) -m coverage combine -q
+	-$(PY) -m coverage combine -q --append
 	$(PY) -m coverage report $(COVERAGE_ARGS) | tail -n 1
 
 # The GPU checks (docs/gpu.md): the tests marked `gpu` (each skips, with the reason, where
