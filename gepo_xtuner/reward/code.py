@@ -551,8 +551,8 @@ class CodeReward(Reward):
 
         Raises:
             Whatever scoring a response raised (a sandbox failure), once the batch's
-            other runs have ended; the router then scores the batch one by one, so the error is
-            counted for its own response only.
+            other runs have ended; the router then scores the batch one by one, so the
+            error is counted for its own response only.
         """
         if self.batch_workers == 1 or len(completions) < 2:
             return [self(c, r) for c, r in zip(completions, records, strict=True)]
