@@ -44,6 +44,12 @@ def _outcome(value: Any) -> str | None:
     return outcome if isinstance(outcome, str) else None
 
 
+def scores_in_batches(fn: Any) -> bool:
+    """Whether ``fn`` is a :class:`Reward` with its own :meth:`Reward.score_batch` (a
+    batched server request, the code reward's threads), which scoring goes through."""
+    return isinstance(fn, Reward) and type(fn).score_batch is not Reward.score_batch
+
+
 class Reward(abc.ABC):
     """Base class and contract of the reward functions (:data:`~gepo_xtuner.registry.REWARDS`).
 
@@ -245,7 +251,7 @@ class RewardRouter:
         fns: dict[int, Reward] = {}
         for i, record in enumerate(records):
             fn = self.fn_for(record.get(self.route_by) or record['domain'])
-            if isinstance(fn, Reward) and type(fn).score_batch is not Reward.score_batch:
+            if scores_in_batches(fn):
                 rows.setdefault(id(fn), []).append(i)
                 fns[id(fn)] = fn
         for key, idx in rows.items():

@@ -455,8 +455,8 @@ def _safe_rewards(fn: Any, texts: Sequence[str], record: Mapping[str, Any]) -> l
     reward's own :meth:`~gepo_xtuner.reward.base.Reward.score_batch` where it has one (the
     code reward's runs in parallel), one by one where that raises or gives no finite
     number, and 0 for a sample whose reward raises."""
-    from ..reward.base import Reward
-    if isinstance(fn, Reward) and type(fn).score_batch is not Reward.score_batch:
+    from ..reward.base import scores_in_batches
+    if scores_in_batches(fn):
         try:
             values = [float(v) for v in fn.score_batch(list(texts),
                                                        [dict(record) for _ in texts])]
