@@ -29,6 +29,29 @@ from gepo_xtuner.advantage import AdvantageInputs, encode_domains
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope='session', autouse=True)
+def wandb_dirs_in_tmp(tmp_path_factory) -> Iterator[None]:
+    """W&B's data, cache and config directories under the session's temporary directory.
+
+    An offline W&B run stages a copy of every ``.py`` file under its working directory (the
+    code artifact mmengine's ``WandbVisBackend`` logs) in ``WANDB_DATA_DIR``, by default
+    ``~/.local/share/wandb``, and offline nothing ever removes it: from the checkout, with
+    its virtual environment and dependency overlays, that was gigabytes per run, kept across
+    runs until the disk filled. Training runs inherit this environment.
+    """
+    base = tmp_path_factory.mktemp('wandb')
+    saved = {k: os.environ.get(k) for k in ('WANDB_DATA_DIR', 'WANDB_CACHE_DIR',
+                                            'WANDB_CONFIG_DIR')}
+    for key in saved:
+        os.environ[key] = str(base / key.lower())
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope='module')
 def one_thread():
     """Torch on one thread for a module's tests (``pytestmark =

@@ -53,13 +53,13 @@ def write_config(tmp_path: Path, base: str = 'gepo_tiny_cpu.py', extra: str = ''
 
 
 def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[str] | None = None,
-          timeout: int = 600, check: bool = True, fresh: bool = False
-          ) -> subprocess.CompletedProcess:
+          timeout: int = 600, check: bool = True, fresh: bool = False,
+          cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Runs xtuner's training entry point for real and returns the finished process.
 
     The process is forked from a preloaded interpreter (``tests/preloaded.py``) unless
     ``fresh``: a test about what the console shows from the first import on asks for a
-    fresh interpreter.
+    fresh interpreter. ``cwd``: where the run starts (the checkout, as a developer's shell).
     """
     # the checkout first; packages installed beside the interpreter with --target stay found
     path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get('PYTHONPATH'))))
@@ -68,10 +68,10 @@ def train(cfg: Path, work_dir: Path, tiny: Path, *options: str, launcher: list[s
     cmd = (launcher or [sys.executable, '-m', 'xtuner.tools.train']) + [
         str(cfg), '--work-dir', str(work_dir), '--cfg-options', *FAST, *options]
     if fresh:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
                               timeout=timeout, check=False)
     else:
-        proc = preloaded.run(cmd, env=env, cwd=ROOT, timeout=timeout)
+        proc = preloaded.run(cmd, env=env, cwd=cwd, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f'exit {proc.returncode}\n{proc.stdout[-4000:]}\n'
                              f'{proc.stderr[-6000:]}')

@@ -80,7 +80,9 @@ def test_tensorboard_and_wandb_offline_get_every_metric(tiny_dir, tmp_path, monk
     # the training process inherits these (train() copies os.environ)
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_SILENT', 'true')
-    train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val=None')
+    # from the config's own directory: W&B stages every .py file under the working directory
+    # as the run's code artifact, which from the checkout (its .venv included) is ~30,000 files
+    train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val=None', cwd=tmp_path)
 
     logged = scalars(work)
     board = tensorboard_scalars(work)
