@@ -50,7 +50,7 @@ def test_every_reference_of_the_step_names_a_definition():
 SPELLED = {'RewardRouter.__call__': ('self.rewards(',),
            'AdvantageProcessor.__call__': ('self.advantage(',),
            'RLLogProcessor.get_log_after_iter': ("call_hook('after_train_iter'",),
-           'RolloutBackend.generate': ('self.rollout.generate(',),
+           'RolloutBackend.generate': ('self.rollout.generate(', 'self.backend.generate('),
            'RolloutBackend.update_weights': ('self.rollout.update_weights(',),
            'RLPolicy.forward': ("mode='logprobs'", 'forward(**data'),
            'PolicyLoss.__call__': ('self.policy_loss(',),

@@ -11,8 +11,26 @@ from .records import DataFormatError, check_field_map, load_records
 __all__ = ['DataFormatError', 'PromptDataset', 'list_collate']
 
 
+class RecordDataset(Dataset):
+    """A map-style dataset of prompt records (``self.records``, set by the subclass)."""
+
+    records: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.records[index]
+
+    def records_info(self) -> dict[str, Any]:
+        """``num_records`` and the sorted ``domains`` and ``data_sources`` present."""
+        return dict(num_records=len(self.records),
+                    domains=sorted({r['domain'] for r in self.records}),
+                    data_sources=sorted({r['data_source'] for r in self.records}))
+
+
 @DATASETS.register_module()
-class PromptDataset(Dataset):
+class PromptDataset(RecordDataset):
     """RL prompts in the record schema of :mod:`gepo_xtuner.data.records`.
 
     Each record needs ``prompt`` (str) or ``messages`` (chat turns) and ``domain``
@@ -61,17 +79,9 @@ class PromptDataset(Dataset):
             self.path, required=tuple(required), fields=self.fields,
             default_domain=default_domain)
 
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.records[index]
-
     @property
     def metainfo(self) -> dict[str, Any]:
-        return dict(path=str(self.path), num_records=len(self.records),
-                    domains=sorted({r['domain'] for r in self.records}),
-                    data_sources=sorted({r['data_source'] for r in self.records}))
+        return dict(path=str(self.path), **self.records_info())
 
 
 @FUNCTIONS.register_module()

@@ -3,13 +3,12 @@
 from typing import Any
 
 from mmengine.registry import DATASETS
-from torch.utils.data import Dataset
 
-from .jsonl import PromptDataset
+from .jsonl import PromptDataset, RecordDataset
 
 
 @DATASETS.register_module()
-class PromptMixture(Dataset):
+class PromptMixture(RecordDataset):
     """The records of several :class:`PromptDataset` s, one after the other.
 
     Each part is a dataset config (or a built ``PromptDataset``) with its own
@@ -44,14 +43,6 @@ class PromptMixture(Dataset):
         self.datasets = parts
         self.records: list[dict[str, Any]] = [r for part in parts for r in part.records]
 
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.records[index]
-
     @property
     def metainfo(self) -> dict[str, Any]:
-        return dict(paths=[str(p.path) for p in self.datasets], num_records=len(self.records),
-                    domains=sorted({r['domain'] for r in self.records}),
-                    data_sources=sorted({r['data_source'] for r in self.records}))
+        return dict(paths=[str(p.path) for p in self.datasets], **self.records_info())

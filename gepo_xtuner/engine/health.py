@@ -16,8 +16,8 @@ alarm                  metrics
 ``length_collapse``    ``response/length/<d>`` (with ``reward/mean/<d>``, ``val/<d>/acc``)
 ``entropy_collapse``   ``entropy/group_nll/<d>``, ``entropy/policy/<d>``
 ``entropy_runaway``    the same
-``gepo_silent``        ``shaping/frac_damped_pos|neg`` when a band (``gepo/h_low|high``) is
-                       logged, ``adv/frac_zero``
+``gepo_silent``        ``shaping/frac_damped_pos|neg`` when a shaper's band (``band/low|high``)
+                       is logged, ``adv/frac_zero``
 ``gepo_saturated``     the same
 ``rollout_mismatch``   ``rollout/logprob_abs_diff``
 ``clip_saturated``     ``loss/clipfrac``
@@ -35,6 +35,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from ..advantage.base import BAND_KEYS
 
 Row = Mapping[str, float]
 
@@ -248,9 +250,10 @@ class EntropyBounds(HealthCheck):
 
 
 class GEPOBandActivity(HealthCheck):
-    """GEPO's band never reached on a side, or damping nearly every signal.
+    """A shaper's entropy band never reached on a side, or damping nearly every signal.
 
-    Watched on steps that log a band (``gepo/h_low``, ``gepo/h_high``) and have any
+    Watched on steps that log a band (``band/low``, ``band/high``: the loop logs any
+    shaper's band under these names, GEPO's ``h_low`` / ``h_high`` among them) and have any
     response with a non-zero advantage (``adv/frac_zero < 1``); a step without one leaves
     the counts, and the alarms they hold, as they are. Silent: a side's damped share
     (``shaping/frac_damped_pos`` for the low side, ``..._neg`` for the high side) is 0 on
@@ -285,7 +288,7 @@ class GEPOBandActivity(HealthCheck):
         self.full = 0
 
     def observe(self, step: int, row: Row) -> list[Finding]:
-        low, high = row.get('gepo/h_low'), row.get('gepo/h_high')
+        low, high = row.get(BAND_KEYS[0]), row.get(BAND_KEYS[1])
         zero = row.get('adv/frac_zero', 0.0)
         if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
             return []

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 from mmengine.dist import all_reduce
-from mmengine.hooks import CheckpointHook, Hook
+from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
 from .health import CHECKS, Finding, build_checks, next_active
+from .mmengine_private import resumed_entry, save_checkpoint_now
 
 #: The checkpoint key of the hook's state.
 KEY = 'gepo_xtuner/run_health'
@@ -82,15 +83,10 @@ class RunHealthHook(Hook):
         checkpoint[KEY] = self.state_dict()
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not runner._resume:
-            return
-        state = checkpoint.get(KEY)
-        if state is None:
-            print_log(f'checkpoint has no {KEY!r} entry: run-health checks start afresh '
-                      '(start levels and peaks are those of the resumed part)',
-                      logger='current', level=logging.WARNING)
-            return
-        self.load_state_dict(state)
+        state = resumed_entry(runner, checkpoint, KEY, 'run-health checks start afresh '
+                              '(start levels and peaks are those of the resumed part)')
+        if state is not None:
+            self.load_state_dict(state)
 
     # -- the step ---------------------------------------------------------------------
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
@@ -135,14 +131,7 @@ class RunHealthHook(Hook):
         prepare = getattr(runner.train_loop, 'prepare_checkpoint', None)
         if prepare is not None:  # every rank: e.g. the batches generated ahead
             prepare()
-        saver = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
-        if saver is not None:
-            saver._save_checkpoint(runner)  # its file name, backend and bookkeeping
-            where = f'{saver.out_dir}/{saver.filename_tmpl.format(runner.iter + 1)}'
-        else:
-            where = f'{runner.work_dir}/iter_{runner.iter + 1}.pth'
-            runner.save_checkpoint(runner.work_dir, f'iter_{runner.iter + 1}.pth',
-                                   by_epoch=False)
+        where = save_checkpoint_now(runner)  # the CheckpointHook's names and bookkeeping
         print_log(f"health: action='stop': stopping after step {runner.iter + 1}; checkpoint "
                   f'{where} (continue with --resume {where} after fixing the cause, or with '
                   "default_hooks.health.action='warn')", logger='current', level=logging.ERROR)

@@ -1,4 +1,9 @@
-"""Compact progress lines for RL runs; every metric still goes to the scalar backends."""
+"""Compact progress lines for RL runs (every metric still goes to the scalar backends), and
+the clock of a step's stages."""
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
@@ -90,3 +95,16 @@ class OptionalTensorboardVisBackend(TensorboardVisBackend):
     def close(self) -> None:
         if getattr(self, '_tensorboard', None) is not None:
             super().close()
+
+
+class StageClock:
+    """Wall-clock seconds of named stages: ``with clock('update'): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = time.perf_counter() - start

@@ -3,9 +3,7 @@
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import replace
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -24,13 +22,14 @@ from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
 from .batching import Rollouts, build_response_batch, cut_at_tokens
 from .geometry import StepGeometry, check_group_size
+from .logging import StageClock
 from . import train_cfg
 from .loop_settings import LoopSettings
 from .loop_state_hook import RLLoopStateHook
 from .optim_step import check_accumulation
-from .overlap import RolloutAhead
 from .prompt_encoding import check_policy_inputs, encode_request
-from .run_state import (capture_rng, checkpoint_due, describe_changes, gather_rank_states,
+from .rollout_stage import build_rollout_stage
+from .run_state import (capture_rng, describe_changes, gather_rank_states,
                         isolated_rng, restore_processor_state, resume_streams, run_settings,
                         saved_rank_entry)
 from .update import NoSignalWatch, entropy_metrics, ppo_update
@@ -102,26 +101,11 @@ class RLTrainLoop(BaseLoop):
         prompts_per_step, minibatch_responses: the intended prompts per RL step and
             responses per optimizer step over ALL ranks; when set, a world size that
             does not split them evenly is refused (:class:`StepGeometry`).
-        max_staleness: 0 (default): generate, then train, strictly in turn. 1: generate
-            the next step's responses on a worker thread while this step is scored and
-            trained (:mod:`~gepo_xtuner.engine.overlap`); each batch is then one weight
-            version old (``rollout/staleness``). Needs a backend that can overlap
-            (not LMDeploy's colocated sleep/wake mode).
-        behaviour_correction, behaviour_cap: the importance weight between the
-            recomputed (proximal) old policy and the policy that sampled (behaviour):
-            ``'none'``, ``'truncate'`` (``min(w, cap)``) or ``'mask'`` (tokens with ``w``
-            outside ``[1/cap, cap]`` leave the loss); ``'auto'`` (default): ``'truncate'``
-            when ``max_staleness >= 1``, else ``'none'`` (weight exactly 1). Needs the
-            rollout's logprobs at the sampling temperature
-            (:func:`~gepo_xtuner.engine.update.behaviour_refusal`).
-        entropy_logprobs: which sampled-token logprobs the advantage processor gets
-            (``AdvantageInputs.logprobs``: GEPO's group entropy, the group's mean negative
-            logprob, and so its band): ``'proximal'`` (default; the recomputed
-            old logprobs, the policy being shaped) or ``'behaviour'`` (the rollout
-            engine's, the policy that sampled). The full-vocabulary entropies
-            (``AdvantageInputs.entropies``, e.g. AEPO's) are always the proximal
-            policy's: the engine reports none. The same with ``max_staleness = 0`` up to
-            the engine/trainer mismatch; see ``docs/training.md``.
+        max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs: generation
+            in turn (0, default) or one batch ahead (1), the importance weight between
+            the recomputed old policy and the one that sampled, and which logprobs give
+            the group entropy; typed and documented once, in
+            :class:`~gepo_xtuner.engine.loop_settings.LoopSettings`.
         **unknown: keys the loop does not take: refused by :meth:`check_keys`, with
             the key that replaced a renamed one, or the closest accepted key.
     """
@@ -143,9 +127,10 @@ class RLTrainLoop(BaseLoop):
             max_steps, num_responses, sampling, minibatch_responses_per_rank, ppo_epochs,
             max_tokens_per_micro_batch, logprob_max_tokens_per_micro_batch, kept_rows,
             norm_length, max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs)
-        self.max_staleness, self.entropy_logprobs = max_staleness, entropy_logprobs
-        # checked now, completed with the sampling temperature and the length cap in run()
-        self.update_settings = settings.update
+        self.entropy_logprobs = entropy_logprobs
+        # checked now; completed with the tokenizer's EOS, the sampling temperature and the
+        # length cap in run()
+        self.loop_settings, self.update_settings = settings, settings.update
         check_accumulation(runner.optim_wrapper)
         self._max_iters = max_steps
         self._max_epochs = 1
@@ -168,7 +153,6 @@ class RLTrainLoop(BaseLoop):
         self.rollout = ROLLOUT_BACKENDS.build(rollout)
         lp_temperature = settings.check_backend(self.rollout)
         self.rewards = RewardRouter(rewards, route_by=reward_route_by)
-        self._sampling_cfg = dict(sampling or {}, n=num_responses)
         # the rollout's logprobs under the trainer's distribution? (else no logprob gap metric)
         self._rollout_comparable = lp_temperature == settings.sampling.temperature
         self.sampling: SamplingParams | None = None
@@ -187,10 +171,10 @@ class RLTrainLoop(BaseLoop):
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
-        self._peeked: list[dict] | None = None  # the next step's records, drawn early
-        # the seed is read when used: --resume may replace it after the loop is built
-        self.ahead = (RolloutAhead(self.rollout, lambda: self.runner.seed) if max_staleness
-                      else None)
+        # in turn or one batch ahead; the seed is read when used (--resume may replace it)
+        self.rollout_stage = build_rollout_stage(max_staleness, self.rollout,
+                                                 self.dataloader_iterator, self.encode_requests,
+                                                 lambda: self.runner.seed)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
@@ -236,15 +220,10 @@ class RLTrainLoop(BaseLoop):
                                            getattr(policy, 'processor', None)):
             print_log(warning, logger='current', level=logging.WARNING)
         self.rollout.attach(policy.llm, tokenizer)
-        if self.ahead is not None:
-            self.rollout.prepare_overlap()  # e.g. its own copy of the weights
+        self.rollout_stage.start()
         self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
-        cfg = dict(self._sampling_cfg)
-        cfg.setdefault('stop_token_ids', (tokenizer.eos_token_id, ))
-        self.sampling = SamplingParams(**{**cfg, 'stop_token_ids': tuple(cfg['stop_token_ids'])})
-        self.update_settings = replace(  # the distribution sampled, the generation cap
-            self.update_settings, temperature=self.sampling.temperature,
-            norm_length=self.update_settings.norm_length or self.sampling.max_new_tokens)
+        self.sampling = self.loop_settings.sampling_for(tokenizer.eos_token_id)
+        self.update_settings = self.loop_settings.update_for(self.sampling)
         if policy.policy_loss.agg == 'seq-mean-token-sum-norm':
             print_log(f'the policy loss divides by the constant length '
                       f'{self.update_settings.norm_length} (train_cfg.norm_length; default '
@@ -263,36 +242,22 @@ class RLTrainLoop(BaseLoop):
         if self._resume is not None:  # ... then continue this rank's saved random streams
             resume_streams(self._resume['entry'], self.runner.seed, self._iter)
             self._resume = None
-        if self.validator is not None and self._iter == 0:  # the starting point
-            with isolated_rng(self.runner.seed, 0):
-                metrics = self._validate()
+        metrics = self._validate(0) if self._iter == 0 else None  # the starting point
+        if metrics is not None:
             self.runner.visualizer.add_scalars(metrics, step=0)
             self.history.append(dict(step=0.0, **metrics))
-            self._log_validation(0, metrics)
         # one "epoch" spans the run, as in mmengine's iteration-based loop
         self.runner.call_hook('before_train_epoch')
         try:
             while self._iter < self._max_iters and not self.stop_training:
-                self.run_iter(self._draw())
+                self.run_iter(self.rollout_stage.next_records())
         except BaseException:
-            if self.ahead is not None:  # no generation left running behind the error
-                self.ahead.discard()
+            self.rollout_stage.discard()  # no generation left running behind the error
             raise
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched
         return self.runner.model
-
-    def _draw(self) -> list[dict]:
-        """The next step's records (those :meth:`_peek` drew early, if it did)."""
-        records, self._peeked = self._peeked, None
-        return records if records is not None else next(self.dataloader_iterator)
-
-    def _peek(self) -> list[dict]:
-        """The records of the step after this one, without consuming them."""
-        if self._peeked is None:
-            self._peeked = next(self.dataloader_iterator)
-        return self._peeked
 
     def _record_sets(self) -> dict[str, list[dict]]:
         """The records the run reads, by where they are configured (checked at start)."""
@@ -320,8 +285,7 @@ class RLTrainLoop(BaseLoop):
         :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
-        if self.ahead is not None:
-            self.ahead.complete(ranks)
+        self.rollout_stage.complete(ranks)
         state: dict[str, Any] = dict(ranks=ranks, history=list(self.history),
                                      settings=dict(self.settings))
         if self.advantage_state is not None:
@@ -336,19 +300,18 @@ class RLTrainLoop(BaseLoop):
                     rollout=self.rollout.state_dict())
 
     def prepare_checkpoint(self) -> None:
-        """Gathers every rank's batch generated ahead into the run state, for a checkpoint
-        saved at the end of this step (its weights are gone, so it is saved as samples).
+        """Gathers every rank's share of the rollout stage (the batch generated ahead, as
+        samples: its weights are gone) into the run state, for a checkpoint saved at the
+        end of this step.
 
-        At a few kilobytes per rank the rest of the run state is gathered every step;
-        a batch ahead is the step's whole set of responses (token ids and logprobs), so
-        the loop gathers it only at the steps the runner's ``CheckpointHook`` saves at.
+        The stage does it itself at the steps the runner's ``CheckpointHook`` saves at.
         A collective: a hook that saves a checkpoint off that schedule calls it on every
         rank first (as the run-health hook's ``action='stop'`` does). Without it, a
         checkpoint holds the batch ahead of the saving rank only; the other ranks then
         generate their batch again on resume (with a warning).
         """
-        if self.ahead is not None and self._rank_states is not None:
-            self.ahead.gather(self._rank_states)
+        if self._rank_states is not None:
+            self.rollout_stage.gather(self._rank_states)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
@@ -365,17 +328,26 @@ class RLTrainLoop(BaseLoop):
             self.policy.policy_loss.load_state_dict(entry['policy_loss'])
         if entry is not None and 'rollout' in entry:
             self.rollout.load_state_dict(entry['rollout'])
-        if self.ahead is not None:
-            self.ahead.restore(state, entry)
+        self.rollout_stage.restore(state, entry)
         for line in ([warning] if warning else []) + [
                 f'resumed with changed settings: {change}'
                 for change in describe_changes(state.get('settings', {}), self.settings)]:
             print_log(line, logger='current', level=logging.WARNING)
         restore_processor_state(self.advantage, self.advantage_state, state.get('advantage'))
 
-    def _validate(self) -> dict[str, float]:
-        return self.validator.run(self.rollout, self.rewards, self.policy.tokenizer,
-                                  self.encode_requests, self.sampling)
+    def _validate(self, step: int) -> dict[str, float] | None:
+        """Validation metrics at ``step`` (0: before training), logged; None when not due
+        (every ``interval`` steps and after the last). On a random stream of its own:
+        training's is untouched."""
+        if self.validator is None or not (step % self.validator.interval == 0
+                                          or step == self._max_iters):
+            return None
+        with isolated_rng(self.runner.seed, step):
+            metrics = self.validator.run(self.rollout, self.rewards, self.policy.tokenizer,
+                                         self.encode_requests, self.sampling)
+        shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
+        self.runner.logger.info(f'Validation at step {step}: {shown}')
+        return metrics
 
     def run_iter(self, records: list[dict]) -> None:
         """One RL step on this rank's ``records`` (B prompt records): rollout -> reward ->
@@ -393,34 +365,17 @@ class RLTrainLoop(BaseLoop):
                                       rollouts.batch, old_logprobs, adv.advantages, adv.keep,
                                       self.update_settings, prime_buckets=self._prime_buckets))
             self._prime_buckets = False
-        if self.ahead is not None:  # no request in flight during the push
-            with clock('rollout_ahead_wait'):
-                self.ahead.wait()
+        self.rollout_stage.before_sync(clock)  # no request in flight during the push
         with clock('sync'):
             self.rollout.update_weights(self.policy.llm)
         self.end_step(rollouts, metrics, clock.seconds)
 
     def generate(self, records: list[dict]) -> Rollouts:
-        """K responses to each record from the rollout backend, as padded tensors.
-
-        With ``max_staleness = 1``: the batch generated ahead for this step (or, at the
-        first step and after a resume without one, generated now), and the next step's
-        generation started on the worker thread.
-        """
+        """K responses to each record from the rollout stage (generated now, or ahead:
+        :mod:`~gepo_xtuner.engine.rollout_stage`), as padded tensors."""
         requests = self.encode_requests(records)
-        if self.ahead is None:  # weights: one version per step
-            samples = self.rollout.generate(requests, self.sampling)
-            version, seconds = self._iter, None
-        else:
-            def next_step() -> tuple[list[dict], list[RolloutRequest]]:
-                ahead = self._peek()
-                return ahead, self.encode_requests(ahead)
-            samples, version, seconds = self.ahead.batch_for(
-                self._iter, records, requests, self.sampling,
-                next_step if self._iter + 1 < self._max_iters else None)
-        for group in samples:
-            for sample in group:
-                sample.weight_version = version
+        samples, version, seconds = self.rollout_stage.responses(
+            self._iter, records, requests, self.sampling, self._iter + 1 == self._max_iters)
         if self._placeholders:  # a VLM cannot score responses holding image slots
             samples = cut_at_tokens(samples, self._placeholders)
         mm = [r.mm_inputs or {} for r in requests]  # per prompt; rows gather their own
@@ -463,22 +418,16 @@ class RLTrainLoop(BaseLoop):
         every rank's run state, then the runner's ``after_train_iter`` hooks."""
         metrics.update(self.rollout.pop_metrics())
         step = self._iter + 1
-        if self.validator is not None and (step % self.validator.interval == 0
-                                           or step == self._max_iters):
-            t = time.perf_counter()
-            with isolated_rng(self.runner.seed, step):  # training's RNG stream is untouched
-                val = self._validate()
+        t = time.perf_counter()
+        val = self._validate(step)
+        if val is not None:
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
-            self._log_validation(step, val)
         new_tokens = int(rollouts.batch.response_mask.sum())
         metrics['perf/gen_tokens'] = float(new_tokens)
         generation = times['rollout'] if rollouts.seconds is None else rollouts.seconds
         metrics['perf/gen_tokens_per_sec'] = new_tokens / max(generation, 1e-9)
-        if self.ahead is not None:  # one version per batch: the mean is the max
-            metrics['rollout/staleness'] = metrics['rollout/staleness_max'] = float(
-                self._iter - rollouts.version)
-            metrics['time/rollout_generate'] = generation
+        metrics.update(self.rollout_stage.step_metrics(self._iter, rollouts.version, generation))
         metrics.update({f'time/{k}': v for k, v in times.items()})
         metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
         # undefined values (the band before it exists, the skewness of all-zero advantages)
@@ -488,25 +437,8 @@ class RLTrainLoop(BaseLoop):
         self.step_metrics = metrics
         # every rank's streams as of the end of this step, for a checkpoint saved now
         self._rank_states = gather_rank_states(self._rank_state())
-        if self.ahead is not None and checkpoint_due(self.runner, self._max_iters):
-            self.prepare_checkpoint()
+        self.rollout_stage.end_step(self.runner, self._max_iters, self._rank_states)
         self.runner.call_hook('after_train_iter', batch_idx=self._iter,
                               data_batch=rollouts.records, outputs=metrics)
         self._iter += 1
 
-    def _log_validation(self, step: int, metrics: dict[str, float]) -> None:
-        shown = '  '.join(f'{k}={v:.3f}' for k, v in sorted(metrics.items()))
-        self.runner.logger.info(f'Validation at step {step}: {shown}')
-
-
-class StageClock:
-    """Wall-clock seconds of named stages: ``with clock('update'): ...``."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.seconds[stage] = time.perf_counter() - start

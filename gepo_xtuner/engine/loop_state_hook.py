@@ -1,10 +1,9 @@
 """Checkpoints the RL loop's run state under one key; the loop registers this hook itself."""
 
-from typing import Any
-
 from mmengine.hooks import Hook
-from mmengine.logging import print_log
 from mmengine.registry import HOOKS
+
+from .mmengine_private import resumed_entry
 
 #: The checkpoint key of :meth:`RLTrainLoop.state_dict`.
 KEY = 'gepo_xtuner/rl_loop'
@@ -28,12 +27,8 @@ class RLLoopStateHook(Hook):
         checkpoint[KEY] = runner.train_loop.state_dict()
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not runner._resume:
-            return
-        state = checkpoint.get(KEY)
-        if state is None:
-            print_log(f'checkpoint has no {KEY!r} entry: the RL loop continues with fresh '
-                      'random state and processor state, so the run will not repeat an '
-                      'uninterrupted one exactly', logger='current', level=30)
-            return
-        runner.train_loop.load_state_dict(state)
+        state = resumed_entry(runner, checkpoint, KEY, 'the RL loop continues with fresh '
+                              'random state and processor state, so the run will not repeat '
+                              'an uninterrupted one exactly')
+        if state is not None:
+            runner.train_loop.load_state_dict(state)

@@ -32,26 +32,15 @@ from ..rollout import RolloutRequest, SamplingParams
 from ..rollout.base import RolloutBackend, RolloutSample
 from .run_state import gather_to_first
 
-__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'check_overlap_settings',
-           'sampling_signature']
+__all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'sampling_signature', 'stamp']
 
 
-def check_overlap_settings(max_staleness: int, entropy_logprobs: str) -> None:
-    """Refuses values of ``train_cfg.max_staleness`` and ``entropy_logprobs`` the loop
-    does not take, saying what they mean.
-
-    Raises:
-        ValueError: naming the key and the accepted values.
-    """
-    if max_staleness not in (0, 1):
-        raise ValueError(
-            f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
-            f'next batch while this one trains), got {max_staleness!r}: the loop runs '
-            'generation at most one batch ahead, since it pushes weights only between '
-            'generations')
-    if entropy_logprobs not in ('proximal', 'behaviour'):
-        raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
-                         f'got {entropy_logprobs!r}')
+def stamp(samples: list[list[RolloutSample]], version: int) -> list[list[RolloutSample]]:
+    """``samples`` with every response's ``weight_version`` set to ``version``."""
+    for group in samples:
+        for sample in group:
+            sample.weight_version = version
+    return samples
 
 
 def sampling_signature(params: SamplingParams) -> dict[str, Any]:
@@ -163,7 +152,8 @@ class RolloutAhead:
         the records and requests it returns are generated on the worker thread.
 
         Returns:
-            ``(samples, weight version, generation seconds)``.
+            ``(samples, weight version, generation seconds)``; every sample carries the
+            version.
         """
         pending, dropped = self.take(step, [r['id'] for r in records], params)
         if dropped:
@@ -173,7 +163,7 @@ class RolloutAhead:
         if pending is None:
             start = time.perf_counter()
             samples = self.backend.generate(requests, self.params_for(params, step))
-            batch = samples, step, time.perf_counter() - start
+            batch = stamp(samples, step), step, time.perf_counter() - start
         else:
             batch = pending.samples, pending.version, pending.seconds
         if next_step is not None:
@@ -222,9 +212,7 @@ class RolloutAhead:
         if 'error' in job:
             raise RuntimeError(f'generating step {job["step"] + 1}\'s batch ahead failed: '
                                f'{job["error"]}') from job['error']
-        for group in job['samples']:
-            for sample in group:
-                sample.weight_version = job['version']
+        stamp(job['samples'], job['version'])
         self.pending = PendingRollouts(job['step'], job['version'], job['prompt_ids'],
                                        job['samples'], job['seconds'], job['sampling'])
 

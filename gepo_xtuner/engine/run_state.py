@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
 
 from ..ops.distributed import dist_rank, dist_world_size
 
-__all__ = ['capture_rng', 'checkpoint_due', 'describe_changes', 'gather_rank_states',
+__all__ = ['capture_rng', 'describe_changes', 'gather_rank_states',
            'gather_to_first', 'isolated_rng', 'rank_entry', 'restore_processor_state',
            'restore_rng', 'resume_streams', 'run_settings', 'saved_rank_entry', 'seed_streams']
 
@@ -74,21 +73,6 @@ def gather_rank_states(mine: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, mine)
     return out
-
-
-def checkpoint_due(runner: Any, max_steps: int) -> bool:
-    """Whether the runner's ``CheckpointHook`` saves at the end of the current step
-    (``runner.iter``, 0-based, not yet advanced), by the hook's own rule: every
-    ``interval`` iterations from ``save_begin``, and the last with ``save_last``; by
-    epoch, when the run's one epoch ends with its last step."""
-    for hook in runner.hooks:
-        if isinstance(hook, CheckpointHook):
-            last = runner.iter + 1 == max_steps
-            if hook.by_epoch:
-                return last
-            return bool(hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
-                        or (hook.save_last and last))
-    return False
 
 
 def gather_to_first(mine: Any) -> list[Any] | None:

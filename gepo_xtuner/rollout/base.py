@@ -186,6 +186,16 @@ class RolloutBackend(abc.ABC):
         Raises:
             ValueError: the reason of :meth:`overlap_refusal`, when it has one.
         """
+        self.check_overlap()
+
+    def check_overlap(self) -> None:
+        """Refuses ``train_cfg.max_staleness >= 1`` with this backend when it cannot
+        overlap (the one wording of that refusal: the loop, its settings and
+        ``tools/check_config.py`` all come here).
+
+        Raises:
+            ValueError: the reason of :meth:`overlap_refusal`, naming the key.
+        """
         refusal = self.overlap_refusal()
         if refusal is not None:
             raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '

@@ -62,7 +62,7 @@ def test_entropy_collapse_and_runaway_relative_to_the_start_level():
 
 
 def band_row(pos, neg, zero=0.2):
-    return {'gepo/h_low': 0.4, 'gepo/h_high': 0.6, 'shaping/frac_damped_pos': pos,
+    return {'band/low': 0.4, 'band/high': 0.6, 'shaping/frac_damped_pos': pos,
             'shaping/frac_damped_neg': neg, 'adv/frac_zero': zero,
             'entropy/group_nll_mean': 0.5, 'entropy/group_nll_std': 0.1,
             'entropy/group_nll/add': 0.45, 'entropy/group_nll/mul': 0.55}
@@ -79,8 +79,20 @@ def test_gepo_silent_names_the_side_and_saturated_counts_signal_responses():
     full = [band_row(0.3, 0.2, zero=0.5)] * 6 + [band_row(0.1, 0.1)]  # 0.5 / 0.5 = 100 %
     step, (f, ) = first_step(GEPOBandActivity(saturated_steps=3), full)
     assert (step, f.alarm) == (3, 'gepo_saturated')
-    no_band = [{**band_row(0.0, 0.0), 'gepo/h_low': math.nan}] * 30  # GRPO: no band
+    no_band = [{**band_row(0.0, 0.0), 'band/low': math.nan}] * 30  # GRPO: no band
     assert first_step(GEPOBandActivity(silent_steps=4), no_band) is None
+
+
+def test_the_band_check_reads_the_band_any_shaper_logs():
+    """The loop logs every shaper's band as ``band/low|high`` (GEPO's also as
+    ``gepo/h_low|high``): the check watches that name, not GEPO's."""
+    from gepo_xtuner.advantage.base import BAND_KEYS
+    assert BAND_KEYS == ('band/low', 'band/high')
+    gepo_names_only = {k: v for k, v in band_row(0.0, 0.1).items() if not k.startswith('band/')}
+    gepo_names_only.update({'gepo/h_low': 0.4, 'gepo/h_high': 0.6})
+    assert first_step(GEPOBandActivity(silent_steps=4), [gepo_names_only] * 6) is None
+    step, (f, ) = first_step(GEPOBandActivity(silent_steps=4), [band_row(0.0, 0.1)] * 6)
+    assert (step, f.alarm) == (4, 'gepo_silent')
 
 
 def test_gepo_saturated_defaults_one_sign_per_group_and_steps_without_signal():

@@ -22,14 +22,14 @@ import torch
 
 from gepo_xtuner.engine.loop import RLTrainLoop
 from gepo_xtuner.engine.loop_settings import LoopSettings
-from gepo_xtuner.engine.overlap import check_overlap_settings
 from gepo_xtuner.engine.update import UpdateSettings, check_training_sampling
 from gepo_xtuner.loss.behaviour import check_behaviour_correction
 from gepo_xtuner.rollout import SamplingParams
+from gepo_xtuner.rollout.base import RolloutBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / 'configs' / 'gepo_tiny_cpu.py'
-CHECKED = (LoopSettings.build, LoopSettings.check_backend, check_overlap_settings,
+CHECKED = (LoopSettings.build, LoopSettings.check_backend, RolloutBackend.check_overlap,
            UpdateSettings.__post_init__, check_behaviour_correction, check_training_sampling,
            SamplingParams.__post_init__)
 #: refusal sites no train_cfg value reaches, and why

@@ -1,0 +1,181 @@
+"""The RL loop's rollout stage: where each step's responses come from, in turn or ahead.
+
+The loop asks one object for a step's records and responses, tells it when weights
+are about to be pushed, and lets it keep its share of the run state; it never asks
+which kind it holds. Two kinds, picked by ``train_cfg.max_staleness``:
+
+- :class:`RolloutStage` (0): draw the step's records, generate their responses with the
+  weights of the last push (version = the step), then train; nothing is in flight
+  between steps and nothing of it is in a checkpoint.
+- :class:`RolloutStageAhead` (1): the step takes the batch generated while the previous
+  step trained (version = the step - 1) and starts the next one on a worker thread
+  (:class:`~gepo_xtuner.engine.overlap.RolloutAhead`); it waits for that worker before a
+  push, and a checkpoint holds the batch in flight as samples.
+
+Call order, per step: :meth:`~RolloutStage.next_records`, :meth:`~RolloutStage.responses`,
+(score, advantage, update), :meth:`~RolloutStage.before_sync`, push,
+:meth:`~RolloutStage.step_metrics`, :meth:`~RolloutStage.end_step`; and
+:meth:`~RolloutStage.discard` when the step fails.
+"""
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..rollout import RolloutRequest, SamplingParams
+from ..rollout.base import RolloutBackend, RolloutSample
+from .overlap import RolloutAhead, stamp
+from .mmengine_private import checkpoint_due
+
+__all__ = ['RolloutStage', 'RolloutStageAhead', 'build_rollout_stage']
+
+Samples = list[list[RolloutSample]]
+
+
+class RolloutStage:
+    """Generation in turn with the update (``max_staleness = 0``).
+
+    Args:
+        backend: the rollout backend (attached to the policy before the first step).
+        source: the step records, one list of B prompt records per step (the loop's
+            infinite dataloader iterator).
+        encode: records -> rollout requests (main thread only: tokenizer, processor).
+    """
+
+    max_staleness = 0
+
+    def __init__(self, backend: RolloutBackend, source: Iterator[list[dict]],
+                 encode: Callable[[list[dict]], list[RolloutRequest]]) -> None:
+        self.backend = backend
+        self.source = source
+        self.encode = encode
+
+    def start(self) -> None:
+        """Called once before the first step, after the backend is attached."""
+
+    def next_records(self) -> list[dict]:
+        """The records of the next step."""
+        return next(self.source)
+
+    def responses(self, step: int, records: list[dict], requests: list[RolloutRequest],
+                  params: SamplingParams, last: bool) -> tuple[Samples, int, float | None]:
+        """Step ``step``'s K responses to each of ``records`` (encoded as ``requests``).
+
+        Args:
+            step: the RL step, 0-based.
+            last: no step follows this one.
+
+        Returns:
+            ``(samples, weight version, generation seconds or None)``: ``samples[b][k]``
+            the k-th response to ``records[b]``, each stamped with the weight version
+            (the number of updates the engine held when it was sampled); None seconds:
+            generated inside the step's rollout stage (its clock times it).
+        """
+        samples = self.backend.generate(requests, params)
+        return stamp(samples, step), step, None
+
+    def before_sync(self, clock: Callable[[str], AbstractContextManager]) -> None:
+        """Before the new weights are pushed: nothing may be generating then."""
+
+    def discard(self) -> None:
+        """The step failed: leaves nothing running behind the error."""
+
+    def step_metrics(self, step: int, version: int, seconds: float) -> dict[str, float]:
+        """The stage's metrics of step ``step`` whose batch is of weight ``version`` and
+        took ``seconds`` to generate (none in turn: staleness is always 0)."""
+        return {}
+
+    # -- its share of the loop's run state -------------------------------------------------
+    def end_step(self, runner: Any, max_steps: int, ranks: list[dict[str, Any]]) -> None:
+        """After the step's ``ranks`` (every rank's run state) were gathered; a collective
+        (every rank calls it)."""
+
+    def gather(self, ranks: list[dict[str, Any]]) -> None:
+        """Puts every rank's share into ``ranks`` for a checkpoint; a collective."""
+
+    def complete(self, ranks: list[dict[str, Any]]) -> None:
+        """Fills in what :meth:`gather` did not, for a checkpoint saved now (rank 0)."""
+
+    def restore(self, state: dict[str, Any], entry: dict[str, Any] | None) -> None:
+        """Takes its share from a checkpoint's run ``state`` (this rank's ``entry``)."""
+
+
+class RolloutStageAhead(RolloutStage):
+    """Generation one batch ahead of the update (``max_staleness = 1``): see
+    :mod:`~gepo_xtuner.engine.overlap`.
+
+    Args:
+        backend, source, encode: as :class:`RolloutStage`; ``backend`` must be able to
+            overlap (its ``overlap_refusal()`` is None; checked by ``LoopSettings``).
+        seed: returns the run's seed, read when a batch is sampled (``--resume`` may
+            replace it after the loop is built).
+    """
+
+    max_staleness = 1
+
+    def __init__(self, backend: RolloutBackend, source: Iterator[list[dict]],
+                 encode: Callable[[list[dict]], list[RolloutRequest]],
+                 seed: Callable[[], int | None]) -> None:
+        super().__init__(backend, source, encode)
+        self.ahead = RolloutAhead(backend, seed)
+        self._peeked: list[dict] | None = None  # the next step's records, drawn early
+
+    def start(self) -> None:
+        self.backend.prepare_overlap()  # e.g. its own copy of the weights
+
+    def next_records(self) -> list[dict]:
+        records, self._peeked = self._peeked, None
+        return records if records is not None else next(self.source)
+
+    def _peek(self) -> tuple[list[dict], list[RolloutRequest]]:
+        """The records of the step after this one (not consumed) and their requests."""
+        if self._peeked is None:
+            self._peeked = next(self.source)
+        return self._peeked, self.encode(self._peeked)
+
+    def responses(self, step: int, records: list[dict], requests: list[RolloutRequest],
+                  params: SamplingParams, last: bool) -> tuple[Samples, int, float | None]:
+        """The batch generated ahead for ``step`` (at the first step, or after a resume
+        without one, generated now with the current weights), and the next step's
+        generation started unless ``last``."""
+        return self.ahead.batch_for(step, records, requests, params,
+                                    None if last else self._peek)
+
+    def before_sync(self, clock: Callable[[str], AbstractContextManager]) -> None:
+        with clock('rollout_ahead_wait'):  # no request in flight during the push
+            self.ahead.wait()
+
+    def discard(self) -> None:
+        self.ahead.discard()
+
+    def step_metrics(self, step: int, version: int, seconds: float) -> dict[str, float]:
+        """``rollout/staleness`` (one version per batch: the mean is the max) and the
+        generation's own wall time (it ran beside the step)."""
+        staleness = float(step - version)
+        return {'rollout/staleness': staleness, 'rollout/staleness_max': staleness,
+                'time/rollout_generate': seconds}
+
+    def end_step(self, runner: Any, max_steps: int, ranks: list[dict[str, Any]]) -> None:
+        """Gathers the batch ahead at the steps the runner's ``CheckpointHook`` saves at
+        (a step's whole set of responses: not gathered every step)."""
+        if checkpoint_due(runner, max_steps):
+            self.gather(ranks)
+
+    def gather(self, ranks: list[dict[str, Any]]) -> None:
+        self.ahead.gather(ranks)
+
+    def complete(self, ranks: list[dict[str, Any]]) -> None:
+        self.ahead.complete(ranks)
+
+    def restore(self, state: dict[str, Any], entry: dict[str, Any] | None) -> None:
+        self.ahead.restore(state, entry)
+
+
+def build_rollout_stage(max_staleness: int, backend: RolloutBackend,
+                        source: Iterator[list[dict]],
+                        encode: Callable[[list[dict]], list[RolloutRequest]],
+                        seed: Callable[[], int | None]) -> RolloutStage:
+    """The stage for ``train_cfg.max_staleness`` (checked: 0 or 1)."""
+    if max_staleness:
+        return RolloutStageAhead(backend, source, encode, seed)
+    return RolloutStage(backend, source, encode)
