@@ -2,7 +2,7 @@
 
 At the end of every RL step the loop gathers each rank's RNG states (torch, NumPy,
 Python; CUDA where present), its policy loss's generator state and its rollout
-counters (``gepo_xtuner.engine.run_state.gather_rank_states``: one
+counters (``gepo_xtuner.engine.state.run_state.gather_rank_states``: one
 ``all_gather_object``), so that a checkpoint holds every rank's streams. This runs
 that gather between ``--ranks`` gloo processes on this machine, with the payload the
 loop builds (``capture_rng()`` plus a loss's generator state and the rollout
@@ -30,7 +30,7 @@ def _payload() -> dict:
     with the largest state the shipped parts keep: a seeded Clip-Cov / KL-Cov loss (one
     generator per device) and the LMDeploy backend (its weight-update counter)."""
     import torch
-    from gepo_xtuner.engine.run_state import capture_rng
+    from gepo_xtuner.engine.state.run_state import capture_rng
     gen = torch.Generator().manual_seed(0)
     return dict(rng=capture_rng(), policy_loss={'cpu': gen.get_state()},
                 rollout={'num_updates': 12})
@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, port: int, repeats: int, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
                             world_size=world)
-    from gepo_xtuner.engine.run_state import gather_rank_states
+    from gepo_xtuner.engine.state.run_state import gather_rank_states
     mine = _payload()
     for _ in range(5):  # warm-up: connections, pickler
         gather_rank_states(mine)

@@ -6,7 +6,7 @@ One process, one workload, four variants timed in interleaved rounds (medians):
   packed, no padding: a no-grad forward, then a forward + backward of the summed
   next-token cross-entropy over every real token, per block of the same real-token
   budget; no logprob/entropy bookkeeping, no policy loss, no optimizer step.
-- ``ours``: the RL loop's own ``engine/update.py`` functions (``old_logprobs``, ``ppo_update``:
+- ``ours``: the RL loop's own ``engine/step/update.py`` functions (``old_logprobs``, ``ppo_update``:
   ``micro_batches`` -> ``RLPolicy`` -> ``optimizer_step``, AdamW, clip 1) on an
   ``RLPolicy`` that packs (``packing='auto'``), budget ``--max-tokens`` real tokens.
 - ``padded``: the same loop code on ``RLPolicy(packing='off')``: length-sorted
@@ -134,7 +134,7 @@ def make_loop_step(policy: Any, max_tokens: int) -> Step:
 
 
 def make_floor_step(model: Any, max_tokens: int) -> Step:
-    from gepo_xtuner.engine.batching import micro_batches
+    from gepo_xtuner.engine.step.batching import micro_batches
     from gepo_xtuner.model.packing import pack_rows, packed_sequences, use_packed_attention
     use_packed_attention(model)
 

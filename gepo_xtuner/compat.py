@@ -73,13 +73,13 @@ def refuse_unreadable_resume_checkpoint(argv: list[str] | None = None) -> None:
     truncated file then fails with torch's ``PytorchStreamReader failed reading zip
     archive``. This runs when ``custom_imports`` imports the package, before that load,
     and exits with the file, the reason and the newest earlier checkpoint of the same
-    directory that looks whole (:func:`~gepo_xtuner.engine.fileio.checkpoint_problem`).
+    directory that looks whole (:func:`~gepo_xtuner.engine.state.fileio.checkpoint_problem`).
     Directories (DeepSpeed checkpoints) and missing files are left to xtuner.
 
     Raises:
         SystemExit: with that message, when the file is unreadable.
     """
-    from .engine.fileio import checkpoint_problem, unreadable_checkpoint_message
+    from .engine.state.fileio import checkpoint_problem, unreadable_checkpoint_message
 
     path = _xtuner_resume_path(sys.argv if argv is None else argv)
     if path is None or not os.path.isfile(path):

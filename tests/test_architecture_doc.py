@@ -121,7 +121,7 @@ def test_nothing_outside_the_engine_uses_a_private_loop_member():
 def test_the_check_fails_on_a_wrong_reference(tmp_path):
     """The file:function reference finder rejects a name that is not defined."""
     assert 'RLTrainLoop.run_iter' in definitions(PACKAGE / 'engine' / 'loop.py')
-    assert 'RLTrainLoop.run_iter' not in definitions(PACKAGE / 'engine' / 'optim_step.py')
+    assert 'RLTrainLoop.run_iter' not in definitions(PACKAGE / 'engine' / 'step' / 'optim_step.py')
     assert not calls('self.rollout.update_weights(x)', 'RolloutBackend.generate')
 
 
@@ -133,7 +133,7 @@ def layout_block() -> str:
 
 def test_every_engine_module_is_in_the_layout():
     named = set(re.findall(r'([\w]+\.py)', layout_block()))
-    modules = {p.name for p in (PACKAGE / 'engine').glob('*.py') if p.name != '__init__.py'}
+    modules = {p.name for p in (PACKAGE / 'engine').rglob('*.py') if p.name != '__init__.py'}
     assert not modules - named, f'engine modules docs/architecture.md does not name: ' \
                                 f'{sorted(modules - named)}'
 

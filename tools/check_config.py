@@ -272,18 +272,18 @@ class Checker:
     # ---- the checks ----
     def run(self) -> None:
         from mmengine.registry import (
-            DATA_SAMPLERS,
-            DATASETS,
-            FUNCTIONS,
-            HOOKS,
-            LOG_PROCESSORS,
-            LOOPS,
-            MODELS,
-            OPTIM_WRAPPERS,
-            OPTIMIZERS,
-            RUNNERS,
-            VISBACKENDS,
-        )
+                                       DATA_SAMPLERS,
+                                       DATASETS,
+                                       FUNCTIONS,
+                                       HOOKS,
+                                       LOG_PROCESSORS,
+                                       LOOPS,
+                                       MODELS,
+                                       OPTIM_WRAPPERS,
+                                       OPTIMIZERS,
+                                       RUNNERS,
+                                       VISBACKENDS,
+                                       )
 
         cfg = self.cfg
         runner = cfg.get('runner_type', 'Runner')
@@ -378,7 +378,7 @@ class Checker:
             self.rows['algorithm'] = describe(loop.advantage, type(processor))
         self.rows['K (responses per prompt)'] = str(loop.num_responses)
         if processor is not None:
-            from gepo_xtuner.engine.geometry import check_group_size
+            from gepo_xtuner.engine.step.geometry import check_group_size
             try:  # the loop's own check
                 check_group_size(processor, loop.num_responses)
             except ValueError as exc:
@@ -395,7 +395,7 @@ class Checker:
         val = loop.get('val')
         if val:
             from gepo_xtuner.engine.train_cfg import defaults
-            from gepo_xtuner.engine.validation import Validator
+            from gepo_xtuner.engine.step.validation import Validator
             val = {**defaults(Validator.__init__), **val}  # the validator's own defaults
             sets = []
             read = dict(fields=val.get('fields'), default_domain=val.get('default_domain'))
@@ -457,7 +457,7 @@ class Checker:
                 'tools/dist_train.sh do)')
 
     def check_batch(self, loop: dict, optim: dict) -> None:
-        from gepo_xtuner.engine.geometry import StepGeometry
+        from gepo_xtuner.engine.step.geometry import StepGeometry
         try:  # the loop's own check, with the world size this tool was given
             geometry = StepGeometry(
                 (self.cfg.get('train_dataloader') or {}).get('batch_size'),

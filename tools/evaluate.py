@@ -372,8 +372,8 @@ def evaluate_benchmark(name: str, records: list[dict], samples_path: Path,
     Returns:
         The benchmark's scores over every record done so far.
     """
-    from gepo_xtuner.engine.prompt_encoding import encode_request
-    from gepo_xtuner.engine.scoring import sample_and_score
+    from gepo_xtuner.engine.step.prompt_encoding import encode_request
+    from gepo_xtuner.engine.step.scoring import sample_and_score
 
     done = read_samples(samples_path, args.n)
     todo = [r for r in records[:args.limit] if r['id'] not in done]

@@ -14,7 +14,7 @@ minibatches per RL step, for ``--steps`` RL steps, with mmengine's real
   micro-batch and lets the wrapper accumulate (``accumulative_counts=M``), with
   the counters the Runner initialises in RL steps
   (``initialize_count_status(model, start_step, max_steps)``);
-- ``explicit``: ``gepo_xtuner.engine.optim_step.optimizer_step`` (one step per
+- ``explicit``: ``gepo_xtuner.engine.step.optim_step.optimizer_step`` (one step per
   minibatch, nothing divided by a count).
 
 Each micro-batch holds 1/M of its minibatch's loss, written as the loop writes it:
@@ -86,7 +86,7 @@ def replay_wrapper(micro: int, minibatches: int, steps: int, resume_at: int | No
 
 
 def replay_explicit(micro: int, minibatches: int, steps: int) -> dict:
-    from gepo_xtuner.engine.optim_step import optimizer_step
+    from gepo_xtuner.engine.step.optim_step import optimizer_step
     model = Probe(scale=1.0 / micro)  # normalised by the whole minibatch
     opt = Recorder(model.parameters())
     wrapper = OptimWrapper(opt)

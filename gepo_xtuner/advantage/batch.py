@@ -12,7 +12,7 @@ class AdvantageInputs:
     """The advantage processors' input: a flat batch of N scored responses, grouped by prompt.
 
     (The trainer's tensors of the same responses are
-    :class:`~gepo_xtuner.engine.batching.ResponseBatch`; the RL loop builds this from one.)
+    :class:`~gepo_xtuner.engine.step.batching.ResponseBatch`; the RL loop builds this from one.)
 
     Responses of one prompt share a group id; ids need not be contiguous or sorted.
     In data-parallel training each group must live entirely on one rank (shard by

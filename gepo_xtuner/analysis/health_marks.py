@@ -7,7 +7,7 @@ def alarm_starts(history: list[dict]) -> list[tuple[float, str, str]]:
     """``(step, alarm, domain)`` of each alarm at the step it started to hold.
 
     Reads the ``health/<alarm>/<domain>`` metrics of
-    :class:`~gepo_xtuner.engine.health_hook.RunHealthHook` (1 while the alarm holds;
+    :class:`~gepo_xtuner.engine.runtime.health_hook.RunHealthHook` (1 while the alarm holds;
     absent or 0 otherwise).
     """
     starts: list[tuple[float, str, str]] = []

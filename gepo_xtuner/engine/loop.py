@@ -20,21 +20,22 @@ from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
-from .batching import Rollouts, build_response_batch, cut_at_tokens
-from .geometry import StepGeometry, check_group_size
-from .logging import StageClock
 from . import train_cfg
 from .loop_settings import LoopSettings
-from .loop_state_hook import RLLoopStateHook
-from .optim_step import check_accumulation
-from .prompt_encoding import check_policy_inputs, encode_request
-from .rollout_stage import build_rollout_stage
-from .run_state import (capture_rng, describe_changes, gather_rank_states,
-                        isolated_rng, restore_processor_state, resume_streams, run_settings,
-                        saved_rank_entry)
-from .update import NoSignalWatch, entropy_metrics, ppo_update
-from .update import old_logprobs as old_logprobs_of
-from .validation import Validator
+from .runtime.logging import StageClock
+from .state.loop_state_hook import RLLoopStateHook
+from .state.run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
+                              restore_processor_state, resume_streams, run_settings,
+                              saved_rank_entry)
+from .step.batching import Rollouts, build_response_batch, cut_at_tokens
+from .step.geometry import StepGeometry, check_group_size
+from .step.optim_step import check_accumulation
+from .step.prompt_encoding import check_policy_inputs, encode_request
+from .step.rollout_stage import build_rollout_stage
+from .step.update import NoSignalWatch, entropy_metrics, ppo_update
+from .step.update import old_logprobs as old_logprobs_of
+from .step.validation import Validator
+
 
 @LOOPS.register_module()
 class RLTrainLoop(BaseLoop):
@@ -50,7 +51,7 @@ class RLTrainLoop(BaseLoop):
        the configured processor (an estimator such as GRPO, or a shaper such as GEPO
        around one; its state belongs to the loop) (:meth:`advantages`);
     4. update: ``ppo_epochs`` passes of minibatches, one optimizer step each
-       (:func:`~gepo_xtuner.engine.update.ppo_update`);
+       (:func:`~gepo_xtuner.engine.step.update.ppo_update`);
     5. sync: the rollout backend takes the new weights.
 
     A stage hands the next only its outputs (:class:`~.batching.Rollouts`, rewards,
@@ -60,7 +61,7 @@ class RLTrainLoop(BaseLoop):
     training (the processor's state, the RNG states, the metric history, the
     policy loss's generators, the rollout backend's counters), exposed as
     :meth:`state_dict` / :meth:`load_state_dict`. It registers
-    :class:`~gepo_xtuner.engine.loop_state_hook.RLLoopStateHook`, which stores that
+    :class:`~gepo_xtuner.engine.state.loop_state_hook.RLLoopStateHook`, which stores that
     dict in every checkpoint under ``'gepo_xtuner/rl_loop'`` and hands it back on
     ``--resume``; configs list no hook for it.
 
@@ -85,12 +86,12 @@ class RLTrainLoop(BaseLoop):
         prompt_template: ``str.format`` template applied to each record's ``prompt``
             (records with chat ``messages`` use the tokenizer's chat template instead).
             Records with ``images`` go through the policy's processor, see
-            :mod:`gepo_xtuner.engine.prompt_encoding` and ``docs/multimodal.md``.
+            :mod:`gepo_xtuner.engine.step.prompt_encoding` and ``docs/multimodal.md``.
         minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
         logprob_max_tokens_per_micro_batch, kept_rows, norm_length: how the update runs,
-            typed and documented once, in :class:`~gepo_xtuner.engine.update.UpdateSettings`.
+            typed and documented once, in :class:`~gepo_xtuner.engine.step.update.UpdateSettings`.
             The optimizer wrapper must not set ``accumulative_counts``: the loop accumulates.
-        val: optional :class:`~gepo_xtuner.engine.validation.Validator` arguments:
+        val: optional :class:`~gepo_xtuner.engine.step.validation.Validator` arguments:
             ``dict(path=..., interval=...)`` (one held-out file, logged per domain as
             ``val/<domain>/acc``) and/or ``benchmarks=[dict(name=..., path=..., n=...,
             temperature=...), ...]`` (logged as ``val/<name>/acc``), validated before
@@ -269,7 +270,8 @@ class RLTrainLoop(BaseLoop):
 
     def encode_requests(self, records: list[dict]) -> list[RolloutRequest]:
         """Rollout requests for ``records``: token ids, and for records with images the
-        images and the processor's inputs (:func:`~gepo_xtuner.engine.prompt_encoding.encode_request`).
+        images and the processor's inputs
+        (:func:`~gepo_xtuner.engine.step.prompt_encoding.encode_request`).
         """
         policy = self.policy
         processor = getattr(policy, 'processor', None)
@@ -282,7 +284,7 @@ class RLTrainLoop(BaseLoop):
         ``ranks`` (each rank's ``rng``, ``policy_loss`` and ``rollout`` state, gathered at
         the end of the step), ``history`` (per-step metrics), ``advantage`` (stateful
         processors only) and ``settings``; the keys are described in
-        :mod:`~gepo_xtuner.engine.run_state` and ``docs/architecture.md``.
+        :mod:`~gepo_xtuner.engine.state.run_state` and ``docs/architecture.md``.
         """
         ranks = self._rank_states if self._rank_states is not None else [self._rank_state()]
         self.rollout_stage.complete(ranks)
@@ -316,7 +318,7 @@ class RLTrainLoop(BaseLoop):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from :meth:`state_dict`'s output.
 
-        Rank ``r`` takes its entry (:func:`~gepo_xtuner.engine.run_state.saved_rank_entry`;
+        Rank ``r`` takes its entry (:func:`~gepo_xtuner.engine.state.run_state.saved_rank_entry`;
         its random streams at the start of :meth:`run`). Settings that differ from the
         checkpoint's are listed with what the change means. A missing entry, or processor
         state of another processor class, leaves that part fresh and says so in the log.
@@ -372,7 +374,7 @@ class RLTrainLoop(BaseLoop):
 
     def generate(self, records: list[dict]) -> Rollouts:
         """K responses to each record from the rollout stage (generated now, or ahead:
-        :mod:`~gepo_xtuner.engine.rollout_stage`), as padded tensors."""
+        :mod:`~gepo_xtuner.engine.step.rollout_stage`), as padded tensors."""
         requests = self.encode_requests(records)
         samples, version, seconds = self.rollout_stage.responses(
             self._iter, records, requests, self.sampling, self._iter + 1 == self._max_iters)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..rollout import SamplingParams
-from .update import (UpdateSettings, behaviour_refusal, check_training_sampling,
-                     resolve_behaviour_correction)
+from .step.update import (UpdateSettings, behaviour_refusal, check_training_sampling,
+                          resolve_behaviour_correction)
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class LoopSettings:
         num_responses: K, responses per prompt (>= 1).
         max_staleness: 0: generate, then train, strictly in turn. 1: generate the next
             step's responses on a worker thread while this step is scored and trained
-            (:mod:`~gepo_xtuner.engine.rollout_stage`); each batch is then one weight
+            (:mod:`~gepo_xtuner.engine.step.rollout_stage`); each batch is then one weight
             version old (``rollout/staleness``). Needs a backend that can overlap (not
             LMDeploy's colocated sleep/wake mode).
         entropy_logprobs: which sampled-token logprobs the advantage processor gets
@@ -40,12 +40,12 @@ class LoopSettings:
             outside ``[1/cap, cap]`` leave the loss); resolved: ``'auto'`` is
             ``'truncate'`` with ``max_staleness`` 1, else ``'none'`` (weight exactly 1).
             Needs the rollout's logprobs at the sampling temperature
-            (:func:`~gepo_xtuner.engine.update.behaviour_refusal`).
+            (:func:`~gepo_xtuner.engine.step.update.behaviour_refusal`).
         sampling: the sampling parameters without stop ids, accepted by
-            :func:`~gepo_xtuner.engine.update.check_training_sampling`.
+            :func:`~gepo_xtuner.engine.step.update.check_training_sampling`.
         stop_token_ids: the configured stop ids; None: the tokenizer's EOS
             (:meth:`sampling_for`).
-        update: the trainer side's :class:`~gepo_xtuner.engine.update.UpdateSettings`
+        update: the trainer side's :class:`~gepo_xtuner.engine.step.update.UpdateSettings`
             (temperature and length cap completed by :meth:`update_for`).
     """
 

@@ -19,7 +19,7 @@ class LossInputs:
     :meth:`~gepo_xtuner.model.RLPolicy.forward` reads it in both modes: ``'logprobs'``
     (scoring: the first three fields, ``temperature`` and ``mm_inputs``) and ``'loss'``
     (all of them). The RL update builds it with
-    :func:`~gepo_xtuner.engine.batching.loss_inputs`. ``B`` rows, prompt width ``P``,
+    :func:`~gepo_xtuner.engine.step.batching.loss_inputs`. ``B`` rows, prompt width ``P``,
     response width ``R``.
 
     Attributes:
@@ -28,7 +28,7 @@ class LossInputs:
         response_mask: ``(B, R)`` bool, real response tokens.
         old_logprobs: ``(B, R)`` old-policy logprobs (loss mode; a constant): those of the
             proximal policy ``pi_prox`` (the trainer's weights when the batch is trained,
-            recomputed by :func:`~gepo_xtuner.engine.update.old_logprobs`); every loss's
+            recomputed by :func:`~gepo_xtuner.engine.step.update.old_logprobs`); every loss's
             ratio is ``pi_theta / pi_prox``.
         advantages: ``(B,)`` or ``(B, R)`` (loss mode; a constant).
         num_tokens: 0-dim, valid tokens of the WHOLE minibatch over all ranks: the

@@ -160,7 +160,8 @@ class RolloutBackend(abc.ABC):
         (the distribution sampled); where ``t`` differs, the rollout's logprobs are not
         the sampling policy's and cannot serve as behaviour logprobs (off-policy
         correction, ``entropy_logprobs='behaviour'``) or be compared with the trainer's
-        (``rollout/logprob_abs_diff``): see :func:`~gepo_xtuner.engine.update.behaviour_refusal`.
+        (``rollout/logprob_abs_diff``): see
+        :func:`~gepo_xtuner.engine.step.update.behaviour_refusal`.
         The default, 1, is the raw model's distribution (what an inference server
         reports unless told otherwise); a backend that reports the tempered
         distribution it sampled from says so by overriding this.

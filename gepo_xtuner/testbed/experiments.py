@@ -1,7 +1,7 @@
 """Method comparison over seeds: the paper's Table 1, Table 2 and Figures 3-5 from run histories.
 
 A *history* is what a training run leaves in ``<work_dir>/training_curves.json``
-(:class:`~gepo_xtuner.engine.curves_hook.TrainingCurvesHook`): one dict per RL step with
+(:class:`~gepo_xtuner.engine.runtime.curves_hook.TrainingCurvesHook`): one dict per RL step with
 ``step`` and the step's metrics, among them ``val/<domain>/acc`` and ``val/acc`` on
 validation steps (step 0 is the starting point), ``entropy/policy`` and
 ``entropy/group_nll/<domain>``. Everything here is a pure function of histories; the harness

@@ -221,7 +221,7 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
     """Samples with a rollout backend, then scores the samples as the trainer.
 
     No stop token (every prompt gets ``new_tokens`` tokens), sampling at ``temperature``.
-    The trainer's pass is the loop's own (:func:`~gepo_xtuner.engine.update.old_logprobs`
+    The trainer's pass is the loop's own (:func:`~gepo_xtuner.engine.step.update.old_logprobs`
     over ``build_response_batch``), with logits divided by the temperature the backend
     declares for its logprobs (``backend.logprob_temperature(params)``: LMDeploy's are raw,
     1; the in-process backend's are at the sampling temperature). Where the two
@@ -237,9 +237,9 @@ def rollout_vs_trainer(policy: Any, prompts: list[list[int]], new_tokens: int,
         ``{'logprobs': Comparison, 'logprob_temperature', 'generated_tokens', 'generate_s',
         'tokens_per_s'}`` (+ ``'logprobs_at_sampling_temperature'``, see above).
     """
-    from ..engine.batching import build_response_batch
+    from ..engine.step.batching import build_response_batch
     from ..rollout import HFRolloutBackend, RolloutRequest, SamplingParams
-    from ..engine.update import old_logprobs
+    from ..engine.step.update import old_logprobs
     from .rl_step import step_settings
     if backend is None:
         backend = HFRolloutBackend(max_sequences_per_call=batch_size)

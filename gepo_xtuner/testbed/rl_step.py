@@ -3,7 +3,7 @@ ragged responses and the loop's own old-logprob pass and update on them.
 
 ``benchmarks/bench_rl_step.py`` times these; the GPU tests (``tests/test_gpu``) run them
 on CUDA. The step is the RL loop's code itself, the public functions of
-:mod:`gepo_xtuner.engine.update` (``old_logprobs``, then ``ppo_update``: ``micro_batches``
+:mod:`gepo_xtuner.engine.step.update` (``old_logprobs``, then ``ppo_update``: ``micro_batches``
 -> ``RLPolicy`` -> ``optimizer_step``), with the settings of :func:`step_settings`.
 """
 
@@ -75,7 +75,7 @@ def workload(n: int, median: float, sigma: float, max_len: int, vocab: int, seed
     Returns:
         ``(ResponseBatch, advantages (n,))``: rollout logprobs 0, advantages standard normal.
     """
-    from ..engine.batching import build_response_batch
+    from ..engine.step.batching import build_response_batch
     from ..rollout import RolloutSample
     gen = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(prompt_lengths[0], prompt_lengths[1] + 1, (n, ), generator=gen)
@@ -92,7 +92,7 @@ def step_settings(max_tokens: int, minibatch: int, temperature: float = 1.0) -> 
     """The update's settings for one process: ``max_tokens`` per micro-batch in both passes,
     ``minibatch`` responses per optimizer step, one PPO epoch, logits divided by
     ``temperature`` (default 1), length norm 4096."""
-    from ..engine.update import UpdateSettings
+    from ..engine.step.update import UpdateSettings
     return UpdateSettings(minibatch, ppo_epochs=1, max_tokens_per_micro_batch=max_tokens,
                           logprob_max_tokens_per_micro_batch=max_tokens,
                           temperature=temperature, norm_length=4096)
@@ -114,11 +114,12 @@ def rl_step(policy: Any, optim_wrapper: Any, batch: Any, advantages: torch.Tenso
         optim_wrapper: e.g. :func:`adamw`.
         batch: the step's ``ResponseBatch`` (on the CPU; micro-batches are moved).
         advantages: ``(N,)``.
-        settings: :class:`~gepo_xtuner.engine.update.UpdateSettings`, e.g. :func:`step_settings`.
+        settings: :class:`~gepo_xtuner.engine.step.update.UpdateSettings`, e.g.
+            :func:`step_settings`.
 
     Returns:
         The update's metrics (``optim/grad_norm``, ``loss/pg``, ...).
     """
-    from ..engine.update import old_logprobs, ppo_update
+    from ..engine.step.update import old_logprobs, ppo_update
     old, _ = old_logprobs(policy, batch, settings)
     return ppo_update(policy, optim_wrapper, batch, old, advantages, None, settings)

@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 
-from gepo_xtuner.engine.batching import build_response_batch, loss_inputs, micro_batches
-from gepo_xtuner.engine.optim_step import check_accumulation, optimizer_step
+from gepo_xtuner.engine.step.batching import build_response_batch, loss_inputs, micro_batches
+from gepo_xtuner.engine.step.optim_step import check_accumulation, optimizer_step
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.ops.distributed import all_reduce
 from gepo_xtuner.rollout import RolloutSample, SamplingParams

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from gepo_xtuner.engine.batching import kept_minibatches, micro_batches, minibatches, padded_tokens
+from gepo_xtuner.engine.step.batching import (kept_minibatches, micro_batches, minibatches,
+                                              padded_tokens)
 
 
 def test_packed_budget_counts_real_tokens_and_needs_fewer_micro_batches():

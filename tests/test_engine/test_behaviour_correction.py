@@ -15,9 +15,9 @@ import torch
 
 from mmengine.optim import OptimWrapper
 
-from gepo_xtuner.engine.batching import loss_inputs, micro_batches, minibatches
-from gepo_xtuner.engine.optim_step import optimizer_step
-from gepo_xtuner.engine.update import UpdateSettings, ppo_update
+from gepo_xtuner.engine.step.batching import loss_inputs, micro_batches, minibatches
+from gepo_xtuner.engine.step.optim_step import optimizer_step
+from gepo_xtuner.engine.step.update import UpdateSettings, ppo_update
 from gepo_xtuner.model.inputs import LossInputs
 from gepo_xtuner.model.policy import RLPolicy
 from tests.test_engine.test_accumulation import LOSSES, SAMPLING, make_batch, params

@@ -2,7 +2,7 @@
 
 import logging
 
-from gepo_xtuner.engine.runner import THIRD_PARTY_NOISE, quiet_third_party
+from gepo_xtuner.engine.runtime.runner import THIRD_PARTY_NOISE, quiet_third_party
 
 
 def test_transformers_generate_notice_is_dropped_and_other_records_pass(caplog):

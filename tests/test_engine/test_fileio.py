@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from mmengine.fileio import get_file_backend
 
-from gepo_xtuner.engine.fileio import AtomicLocalBackend
+from gepo_xtuner.engine.state.fileio import AtomicLocalBackend
 
 
 class Interrupted(Exception):
@@ -42,7 +42,7 @@ def test_put_replaces_atomically_and_cleans_up_on_failure(tmp_path, monkeypatch)
 def test_stale_temporaries_are_only_the_backends_own_leftovers(tmp_path):
     import tempfile
 
-    from gepo_xtuner.engine.fileio import remove_stale_temporaries, stale_temporaries
+    from gepo_xtuner.engine.state.fileio import remove_stale_temporaries, stale_temporaries
     fd, left = tempfile.mkstemp(prefix='.iter_4.pth.', suffix='.tmp', dir=tmp_path)  # as put()
     os.write(fd, b'x' * 1000)
     os.close(fd)
@@ -61,7 +61,7 @@ def test_stale_temporaries_are_only_the_backends_own_leftovers(tmp_path):
 def test_a_cut_off_checkpoint_is_named_with_the_previous_good_one(tmp_path):
     import torch
 
-    from gepo_xtuner.engine.fileio import checkpoint_problem, unreadable_checkpoint_message
+    from gepo_xtuner.engine.state.fileio import checkpoint_problem, unreadable_checkpoint_message
     for step in (2, 4, 6, 8):
         torch.save({'state_dict': {'w': torch.arange(1000.0)}, 'meta': {'iter': step}},
                    tmp_path / f'iter_{step}.pth')

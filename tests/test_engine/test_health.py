@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from gepo_xtuner.engine.health import (ClipFraction, EntropyBounds, GEPOBandActivity,
-                                       LengthCollapse, LogprobMismatch, RewardWithoutValidation,
-                                       build_checks)
+from gepo_xtuner.analysis.health import (ClipFraction, EntropyBounds, GEPOBandActivity,
+                                         LengthCollapse, LogprobMismatch, RewardWithoutValidation,
+                                         build_checks)
 
 
 def first_step(check, rows) -> tuple[int, list] | None:
@@ -156,7 +156,7 @@ def test_build_checks_rejects_unknown_names_and_arguments():
 
 
 def test_an_absent_domain_keeps_its_alarm_and_a_found_one_is_raised_once():
-    from gepo_xtuner.engine.health import Finding, next_active
+    from gepo_xtuner.analysis.health import Finding, next_active
     f = Finding('length_collapse', 'add', '...')
     active, new = next_active(set(), [f, f], {'response/length/add': 1.0})
     assert active == {('length_collapse', 'add')} and new == [f]

@@ -25,7 +25,7 @@ import sys
 
 import pytest
 
-from gepo_xtuner.engine.health import build_checks, next_active
+from gepo_xtuner.analysis.health import build_checks, next_active
 
 from .conftest import ROOT, train, write_config
 from tests import preloaded

@@ -22,7 +22,7 @@ import torch
 
 from gepo_xtuner.engine.loop import RLTrainLoop
 from gepo_xtuner.engine.loop_settings import LoopSettings
-from gepo_xtuner.engine.update import UpdateSettings, check_training_sampling
+from gepo_xtuner.engine.step.update import UpdateSettings, check_training_sampling
 from gepo_xtuner.loss.behaviour import check_behaviour_correction
 from gepo_xtuner.rollout import SamplingParams
 from gepo_xtuner.rollout.base import RolloutBackend

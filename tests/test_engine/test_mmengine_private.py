@@ -1,4 +1,4 @@
-"""The private parts of mmengine this package uses (``engine/mmengine_private.py``), run
+"""The private parts of mmengine this package uses (``engine/runtime/mmengine_private.py``), run
 against the installed mmengine with a real ``Runner``, its own ``IterBasedTrainLoop`` and
 ``CheckpointHook``: a release that renames or changes one fails here."""
 
@@ -10,8 +10,8 @@ from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 
-from gepo_xtuner.engine.mmengine_private import (checkpoint_due, checkpoint_hook,
-                                                 resumed_entry, resuming, save_checkpoint_now)
+from gepo_xtuner.engine.runtime.mmengine_private import (
+    checkpoint_due, checkpoint_hook, resumed_entry, resuming, save_checkpoint_now)
 
 STEPS = 7
 

@@ -16,17 +16,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gepo_xtuner.engine.batching import ResponseBatch, build_response_batch, cut_at_tokens
-from gepo_xtuner.engine.prompt_encoding import encode_request, prompt_token_ids
+from gepo_xtuner.engine.step.batching import ResponseBatch, build_response_batch, cut_at_tokens
+from gepo_xtuner.engine.step.prompt_encoding import encode_request, prompt_token_ids
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.testbed.tiny_vl import (
-    IMAGE_PAD,
-    VISION_END,
-    VISION_START,
-    build_picture_tasks,
-    draw_squares,
-    save_tiny_vl,
-)
+                                         IMAGE_PAD,
+                                         VISION_END,
+                                         VISION_START,
+                                         build_picture_tasks,
+                                         draw_squares,
+                                         save_tiny_vl,
+                                         )
 from gepo_xtuner.ops.multimodal import concat_mm_inputs, placeholder_token_ids
 from gepo_xtuner.rollout import HFRolloutBackend, RolloutSample, SamplingParams
 

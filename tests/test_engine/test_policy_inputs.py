@@ -12,7 +12,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from gepo_xtuner.engine.prompt_encoding import check_policy_inputs, encode_request
+from gepo_xtuner.engine.step.prompt_encoding import check_policy_inputs, encode_request
 from gepo_xtuner.testbed.tiny_vl import build_vl_processor, build_vl_tokenizer
 
 from .conftest import scalars, train, write_config

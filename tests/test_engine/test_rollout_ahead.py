@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from gepo_xtuner.engine.overlap import PendingRollouts, RolloutAhead, sampling_signature
+from gepo_xtuner.engine.step.overlap import PendingRollouts, RolloutAhead, sampling_signature
 from gepo_xtuner.rollout import RolloutSample, SamplingParams
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, stop_token_ids=(2, ))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from gepo_xtuner.engine.batching import build_response_batch
-from gepo_xtuner.engine.update import check_training_sampling
+from gepo_xtuner.engine.step.batching import build_response_batch
+from gepo_xtuner.engine.step.update import check_training_sampling
 from gepo_xtuner.model.policy import RLPolicy
 from gepo_xtuner.rollout import HFRolloutBackend, RolloutRequest, SamplingParams
 

@@ -15,8 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gepo_xtuner.analysis.curves import _series
-from gepo_xtuner.engine.prompt_encoding import encode_request
-from gepo_xtuner.engine.validation import Validator
+from gepo_xtuner.engine.step.prompt_encoding import encode_request
+from gepo_xtuner.engine.step.validation import Validator
 from gepo_xtuner.reward import RewardRouter
 from gepo_xtuner.rollout import HFRolloutBackend, SamplingParams
 

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
-from ..ops.distributed import dist_rank, dist_world_size
+from ...ops.distributed import dist_rank, dist_world_size
 
 __all__ = ['capture_rng', 'describe_changes', 'gather_rank_states',
            'gather_to_first', 'isolated_rng', 'rank_entry', 'restore_processor_state',

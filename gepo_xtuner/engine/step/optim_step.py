@@ -22,7 +22,7 @@ import torch
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
-from ..ops.distributed import all_reduce
+from ...ops.distributed import all_reduce
 
 __all__ = ['check_accumulation', 'is_deepspeed', 'lockstep_micro_batches', 'optimizer_step',
            'prime_gradient_buckets', 'reduces_every_backward']

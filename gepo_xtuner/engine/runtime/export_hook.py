@@ -47,7 +47,7 @@ class HFExportHook(Hook):
         return base.with_name(base.name + suffix)
 
     def _export(self, runner, out: Path) -> None:
-        from ..model.export import save_hf_directory  # transformers only when exporting
+        from ...model.export import save_hf_directory  # transformers only when exporting
 
         policy = runner.model.module if is_model_wrapper(runner.model) else runner.model
         save_hf_directory(policy.llm, policy.tokenizer, out, processor=policy.processor)

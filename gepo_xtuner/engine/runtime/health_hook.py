@@ -12,7 +12,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-from .health import CHECKS, Finding, build_checks, next_active
+from ...analysis.health import CHECKS, Finding, build_checks, next_active
 from .mmengine_private import resumed_entry, save_checkpoint_now
 
 #: The checkpoint key of the hook's state.
@@ -26,10 +26,10 @@ class RunHealthHook(Hook):
     """Raises named alarms from the loop's per-step metrics; warns or stops the run.
 
     After every RL step the hook hands the step's metrics (the row the loop appends to
-    its history, validation included) to the checks of :mod:`gepo_xtuner.engine.health`.
+    its history, validation included) to the checks of :mod:`gepo_xtuner.analysis.health`.
     An alarm that starts to hold prints one warning line (step, alarm, domain, figures,
     what to try); while it holds (a domain absent from a step's batch keeps its alarms,
-    see :func:`~gepo_xtuner.engine.health.next_active`), ``health/<alarm>`` counts the
+    see :func:`~gepo_xtuner.analysis.health.next_active`), ``health/<alarm>`` counts the
     domains in alarm and ``health/<alarm>/<domain>`` is 1 (0 otherwise; every step, in the scalar
     backends and in the run's history, so ``training_curves.png`` marks where alarms
     fired). At the end of the run a summary lists every alarm raised.

@@ -9,7 +9,7 @@ which kind it holds. Two kinds, picked by ``train_cfg.max_staleness``:
   between steps and nothing of it is in a checkpoint.
 - :class:`RolloutStageAhead` (1): the step takes the batch generated while the previous
   step trained (version = the step - 1) and starts the next one on a worker thread
-  (:class:`~gepo_xtuner.engine.overlap.RolloutAhead`); it waits for that worker before a
+  (:class:`~gepo_xtuner.engine.step.overlap.RolloutAhead`); it waits for that worker before a
   push, and a checkpoint holds the batch in flight as samples.
 
 Call order, per step: :meth:`~RolloutStage.next_records`, :meth:`~RolloutStage.responses`,
@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..rollout import RolloutRequest, SamplingParams
-from ..rollout.base import RolloutBackend, RolloutSample
+from ...rollout import RolloutRequest, SamplingParams
+from ...rollout.base import RolloutBackend, RolloutSample
 from .overlap import RolloutAhead, stamp
-from .mmengine_private import checkpoint_due
+from ..runtime.mmengine_private import checkpoint_due
 
 __all__ = ['RolloutStage', 'RolloutStageAhead', 'build_rollout_stage']
 
@@ -102,7 +102,7 @@ class RolloutStage:
 
 class RolloutStageAhead(RolloutStage):
     """Generation one batch ahead of the update (``max_staleness = 1``): see
-    :mod:`~gepo_xtuner.engine.overlap`.
+    :mod:`~gepo_xtuner.engine.step.overlap`.
 
     Args:
         backend, source, encode: as :class:`RolloutStage`; ``backend`` must be able to

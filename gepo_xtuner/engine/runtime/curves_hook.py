@@ -27,7 +27,7 @@ class TrainingCurvesHook(Hook):
         history = getattr(runner.train_loop, 'history', None)
         if not history:
             return
-        from ..analysis.curves import plot_training_curves  # matplotlib only when drawing
+        from ...analysis.curves import plot_training_curves  # matplotlib only when drawing
 
         work_dir = Path(runner.work_dir)
         figure = plot_training_curves(history, work_dir / 'training_curves.png',

@@ -5,7 +5,7 @@ the row the loop appends to its history) and returns the :class:`Finding` s whos
 condition holds at that step. A check keeps only the little state its condition needs
 (running windows, start levels, counters) and has ``state_dict()`` /
 ``load_state_dict()``, so a resumed run decides exactly as an uninterrupted one.
-:class:`~gepo_xtuner.engine.health_hook.RunHealthHook` is the glue that feeds the rows,
+:class:`~gepo_xtuner.engine.runtime.health_hook.RunHealthHook` is the glue that feeds the rows,
 prints new alarms, logs ``health/<alarm>`` and stops a run on request.
 
 The checks and the metrics they read:

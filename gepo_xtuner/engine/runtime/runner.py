@@ -15,8 +15,8 @@ from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from .fileio import (CheckpointError, checkpoint_problem, remove_stale_temporaries,
-                     unreadable_checkpoint_message)
+from ..state.fileio import (CheckpointError, checkpoint_problem, remove_stale_temporaries,
+                            unreadable_checkpoint_message)
 
 #: Console messages of mmengine that say nothing about the run (kept in the log file):
 #: its CheckpointHook always builds a deprecated FileClient, and it warns at every save

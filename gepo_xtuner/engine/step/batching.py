@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..model.inputs import LossInputs
-from ..ops.multimodal import MMInputs, concat_mm_inputs
-from ..rollout import RolloutSample
+from ...model.inputs import LossInputs
+from ...ops.multimodal import MMInputs, concat_mm_inputs
+from ...rollout import RolloutSample
 
 
 @dataclass

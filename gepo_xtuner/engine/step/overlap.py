@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from mmengine.logging import print_log
 
-from ..ops.distributed import dist_rank, dist_world_size
-from ..rollout import RolloutRequest, SamplingParams
-from ..rollout.base import RolloutBackend, RolloutSample
-from .run_state import gather_to_first
+from ...ops.distributed import dist_rank, dist_world_size
+from ...rollout import RolloutRequest, SamplingParams
+from ...rollout.base import RolloutBackend, RolloutSample
+from ..state.run_state import gather_to_first
 
 __all__ = ['PendingRollouts', 'RolloutAhead', 'ahead_seed', 'sampling_signature', 'stamp']
 

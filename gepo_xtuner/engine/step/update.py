@@ -10,7 +10,7 @@ tests alike::
 
 :func:`ppo_update` reads top to bottom: ``ppo_epochs`` passes over shuffled minibatches,
 each split into micro-batches by a token budget and handed to
-:func:`~gepo_xtuner.engine.optim_step.optimizer_step` (which keeps the ranks in lockstep).
+:func:`~gepo_xtuner.engine.step.optim_step.optimizer_step` (which keeps the ranks in lockstep).
 :class:`MicroBatchStats` reduces the micro-batches' loss outputs to the step's metrics.
 """
 
@@ -24,10 +24,10 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from torch import Tensor
 
-from ..loss.behaviour import BehaviourCorrection, check_behaviour_correction
-from ..model.inputs import LossInputs
-from ..ops.distributed import all_reduce, dist_world_size
-from ..rollout import SamplingParams
+from ...loss.behaviour import BehaviourCorrection, check_behaviour_correction
+from ...model.inputs import LossInputs
+from ...ops.distributed import all_reduce, dist_world_size
+from ...rollout import SamplingParams
 from .batching import (KEPT_ROWS, ResponseBatch, kept_minibatches, loss_inputs, micro_batches,
                        minibatches)
 from .optim_step import optimizer_step, prime_gradient_buckets
@@ -50,7 +50,7 @@ class UpdateSettings:
         max_tokens_per_micro_batch: token budget of one forward/backward: a
             minibatch is split into the fewest micro-batches whose padded block
             (``rows x (longest prompt + longest response)``) fits, balanced
-            (:func:`~gepo_xtuner.engine.batching.micro_batches`); when the policy
+            (:func:`~gepo_xtuner.engine.step.batching.micro_batches`); when the policy
             packs sequences (``model.packing``, text-only steps) the budget counts
             real tokens instead, ``sum (prompt + response)``; None: one
             micro-batch per minibatch.
@@ -60,7 +60,7 @@ class UpdateSettings:
             (AEPO while its gate is on): ``'full_minibatches'`` (default, as AEPO's
             authors ran it on verl: the kept rows in minibatches of
             ``minibatch_responses_per_rank``, so fewer optimizer steps of full size, see
-            :func:`~gepo_xtuner.engine.batching.kept_minibatches`) or ``'spread'`` (the
+            :func:`~gepo_xtuner.engine.step.batching.kept_minibatches`) or ``'spread'`` (the
             step count of the full batch, kept rows spread over it: more, smaller
             optimizer steps).
         temperature: the sampling temperature: every logprob is one of
@@ -185,7 +185,7 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     Every rank takes the same number of steps per pass:
     ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any rank
     and ``kept_rows='full_minibatches'``, that of
-    :func:`~gepo_xtuner.engine.batching.kept_minibatches` (fewer steps of full size;
+    :func:`~gepo_xtuner.engine.step.batching.kept_minibatches` (fewer steps of full size;
     none when nothing is kept).
 
     Args:
@@ -197,7 +197,8 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
         keep: ``(N,)`` bool, the rows to train, or None for all.
         settings: minibatch size, epochs, token budget, temperature, norm length.
         prime_buckets: give DDP the bucket layout of an uninterrupted run first
-            (after ``--resume``; :func:`~gepo_xtuner.engine.optim_step.prime_gradient_buckets`).
+            (after ``--resume``;
+            :func:`~gepo_xtuner.engine.step.optim_step.prime_gradient_buckets`).
 
     Returns:
         ``loss/*`` and ``ratio/*`` of the loss (:class:`MicroBatchStats`),

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from ..data.records import DataFormatError, load_records
-from ..ops.distributed import all_reduce_sum, dist_rank, dist_world_size
-from ..reward import RewardRouter
-from ..rollout import RolloutBackend, RolloutRequest, SamplingParams
+from ...data.records import DataFormatError, load_records
+from ...ops.distributed import all_reduce_sum, dist_rank, dist_world_size
+from ...reward import RewardRouter
+from ...rollout import RolloutBackend, RolloutRequest, SamplingParams
 from .scoring import sample_and_score
 
 #: Keys of one ``benchmarks`` entry.

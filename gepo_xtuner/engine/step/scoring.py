@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from ..reward import RewardRouter
-from ..rollout import RolloutBackend, RolloutRequest, SamplingParams
+from ...reward import RewardRouter
+from ...rollout import RolloutBackend, RolloutRequest, SamplingParams
 
 
 @dataclass
@@ -40,7 +40,8 @@ def sample_and_score(rollout: RolloutBackend, tokenizer: Any, rewards: RewardRou
         tokenizer: decodes the responses.
         rewards: the reward router.
         records: N records.
-        requests: their rollout requests (see :func:`gepo_xtuner.engine.prompt_encoding.encode_request`).
+        requests: their rollout requests (see
+            :func:`gepo_xtuner.engine.step.prompt_encoding.encode_request`).
         params: sampling parameters (``n``, temperature, length cap, stop tokens).
 
     Returns:

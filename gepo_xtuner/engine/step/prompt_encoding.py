@@ -28,8 +28,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ..data.prompts import encode_prompt
-from ..rollout import RolloutRequest
+from ...data.prompts import encode_prompt
+from ...rollout import RolloutRequest
 
 IMAGE_MARKER = '<image>'
 # Per-token outputs: batches build their own masks from the ids. (``token_type_ids`` is
@@ -174,7 +174,7 @@ def check_policy_inputs(record_sets: dict[str, list[dict]], tokenizer: Any, proc
     Raises:
         ValueError: naming up to 20 bad records (id, field, file) with the fix.
     """
-    from ..data.inputs import PolicyInputs, check_all
+    from ...data.inputs import PolicyInputs, check_all
 
     inputs = PolicyInputs.from_objects(tokenizer, processor)
     problems, warnings = [], []

@@ -17,7 +17,7 @@ class RLFlexibleRunner(FlexibleRunner):
     mmengine's strategies set up the process group with ``init_dist``, which calls
     ``torch.cuda.set_device``; on a CPU machine this runner creates the group first
     (``gloo`` unless ``env_cfg.dist_cfg.backend`` says otherwise), as
-    :class:`~gepo_xtuner.engine.runner.RLRunner` does. With CUDA nothing changes.
+    :class:`~gepo_xtuner.engine.runtime.runner.RLRunner` does. With CUDA nothing changes.
 
     It also loads or resumes a checkpoint after ``before_run``, not before it, as
     mmengine's ``Runner`` does (see :meth:`load_or_resume`).

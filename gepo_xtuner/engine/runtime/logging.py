@@ -9,7 +9,7 @@ from mmengine.registry import LOG_PROCESSORS, VISBACKENDS
 from mmengine.runner import LogProcessor
 from mmengine.visualization import TensorboardVisBackend
 
-from ..advantage.base import BAND_KEYS
+from ...advantage.base import BAND_KEYS
 
 #: The console line: ``(label, metrics)``, shown when the step has all the metrics; two
 #: metrics print as ``a/b``. Shaping shares are of the step's responses.
