@@ -57,13 +57,9 @@ class RLTrainLoop(BaseLoop):
     A stage hands the next only its outputs (:class:`~.batching.Rollouts`, rewards,
     advantages), so rollouts can be produced ahead of the update they feed.
 
-    Run state: the loop is the one owner of everything that changes during
-    training (the processor's state, the RNG states, the metric history, the
-    policy loss's generators, the rollout backend's counters), exposed as
-    :meth:`state_dict` / :meth:`load_state_dict`. It registers
-    :class:`~gepo_xtuner.engine.state.loop_state_hook.RLLoopStateHook`, which stores that
-    dict in every checkpoint under ``'gepo_xtuner/rl_loop'`` and hands it back on
-    ``--resume``; configs list no hook for it.
+    Run state: the loop owns everything that changes during training (:meth:`state_dict`
+    / :meth:`load_state_dict`), checkpointed under ``'gepo_xtuner/rl_loop'`` by the
+    :class:`~gepo_xtuner.engine.state.loop_state_hook.RLLoopStateHook` it registers.
 
     Metrics of the step go to the runner as the iteration's outputs (logged by
     mmengine's LoggerHook and visualizer backends as ``train/<name>``).
@@ -128,7 +124,6 @@ class RLTrainLoop(BaseLoop):
             max_steps, num_responses, sampling, minibatch_responses_per_rank, ppo_epochs,
             max_tokens_per_micro_batch, logprob_max_tokens_per_micro_batch, kept_rows,
             norm_length, max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs)
-        self.entropy_logprobs = entropy_logprobs
         # checked now; completed with the tokenizer's EOS, the sampling temperature and the
         # length cap in run()
         self.loop_settings, self.update_settings = settings, settings.update
@@ -399,7 +394,7 @@ class RLTrainLoop(BaseLoop):
         batch, rows = rollouts.batch, rollouts.row_records
         old_logprobs, entropy = old_logprobs_of(self.policy, batch, self.update_settings)
         domain_ids, names = encode_domains([r['domain'] for r in rows])
-        group_logprobs = (old_logprobs if self.entropy_logprobs == 'proximal'
+        group_logprobs = (old_logprobs if self.loop_settings.entropy_logprobs == 'proximal'
                           else batch.rollout_logprobs)
         adv = self.advantage(
             AdvantageInputs(rewards=rewards, group_ids=batch.group_index, logprobs=group_logprobs,
@@ -425,11 +420,7 @@ class RLTrainLoop(BaseLoop):
         if val is not None:
             times['validation'] = time.perf_counter() - t
             metrics.update(val)
-        new_tokens = int(rollouts.batch.response_mask.sum())
-        metrics['perf/gen_tokens'] = float(new_tokens)
-        generation = times['rollout'] if rollouts.seconds is None else rollouts.seconds
-        metrics['perf/gen_tokens_per_sec'] = new_tokens / max(generation, 1e-9)
-        metrics.update(self.rollout_stage.step_metrics(self._iter, rollouts.version, generation))
+        metrics.update(self.rollout_stage.step_metrics(self._iter, rollouts, times['rollout']))
         metrics.update({f'time/{k}': v for k, v in times.items()})
         metrics['time/step'] = sum(v for k, v in times.items() if k != 'validation')
         # undefined values (the band before it exists, the skewness of all-zero advantages)

@@ -24,6 +24,7 @@ from typing import Any
 
 from ...rollout import RolloutRequest, SamplingParams
 from ...rollout.base import RolloutBackend, RolloutSample
+from .batching import Rollouts
 from .overlap import RolloutAhead, stamp
 from ..runtime.mmengine_private import checkpoint_due
 
@@ -80,10 +81,15 @@ class RolloutStage:
     def discard(self) -> None:
         """The step failed: leaves nothing running behind the error."""
 
-    def step_metrics(self, step: int, version: int, seconds: float) -> dict[str, float]:
-        """The stage's metrics of step ``step`` whose batch is of weight ``version`` and
-        took ``seconds`` to generate (none in turn: staleness is always 0)."""
-        return {}
+    def step_metrics(self, step: int, rollouts: Rollouts, seconds: float) -> dict[str, float]:
+        """Generation metrics of step ``step``: ``perf/gen_tokens`` (response tokens of
+        ``rollouts``) and ``perf/gen_tokens_per_sec`` over the generation's wall time
+        (``rollouts.seconds`` when it ran apart from the step, else the step's rollout
+        stage, ``seconds``)."""
+        new_tokens = int(rollouts.batch.response_mask.sum())
+        generation = seconds if rollouts.seconds is None else rollouts.seconds
+        return {'perf/gen_tokens': float(new_tokens),
+                'perf/gen_tokens_per_sec': new_tokens / max(generation, 1e-9)}
 
     # -- its share of the loop's run state -------------------------------------------------
     def end_step(self, runner: Any, max_steps: int, ranks: list[dict[str, Any]]) -> None:
@@ -148,12 +154,14 @@ class RolloutStageAhead(RolloutStage):
     def discard(self) -> None:
         self.ahead.discard()
 
-    def step_metrics(self, step: int, version: int, seconds: float) -> dict[str, float]:
-        """``rollout/staleness`` (one version per batch: the mean is the max) and the
-        generation's own wall time (it ran beside the step)."""
-        staleness = float(step - version)
-        return {'rollout/staleness': staleness, 'rollout/staleness_max': staleness,
-                'time/rollout_generate': seconds}
+    def step_metrics(self, step: int, rollouts: Rollouts, seconds: float) -> dict[str, float]:
+        """Also ``rollout/staleness`` (one version per batch: the mean is the max) and the
+        generation's own wall time, ``time/rollout_generate``."""
+        metrics = super().step_metrics(step, rollouts, seconds)
+        staleness = float(step - rollouts.version)
+        generation = seconds if rollouts.seconds is None else rollouts.seconds
+        return {**metrics, 'rollout/staleness': staleness, 'rollout/staleness_max': staleness,
+                'time/rollout_generate': generation}
 
     def end_step(self, runner: Any, max_steps: int, ranks: list[dict[str, Any]]) -> None:
         """Gathers the batch ahead at the steps the runner's ``CheckpointHook`` saves at
