@@ -28,7 +28,7 @@ from .state.run_state import (capture_rng, describe_changes, gather_rank_states,
                               restore_processor_state, resume_streams, run_settings,
                               saved_rank_entry)
 from .step.batching import Rollouts, build_response_batch, cut_at_tokens
-from .step.geometry import StepGeometry, check_group_size
+from .step.geometry import check_group_size, warn_step_geometry
 from .step.optim_step import check_accumulation
 from .step.prompt_encoding import check_policy_inputs, encode_request
 from .step.rollout_stage import build_rollout_stage
@@ -87,12 +87,9 @@ class RLTrainLoop(BaseLoop):
         logprob_max_tokens_per_micro_batch, kept_rows, norm_length: how the update runs,
             typed and documented once, in :class:`~gepo_xtuner.engine.step.update.UpdateSettings`.
             The optimizer wrapper must not set ``accumulative_counts``: the loop accumulates.
-        val: optional :class:`~gepo_xtuner.engine.step.validation.Validator` arguments:
-            ``dict(path=..., interval=...)`` (one held-out file, logged per domain as
-            ``val/<domain>/acc``) and/or ``benchmarks=[dict(name=..., path=..., n=...,
-            temperature=...), ...]`` (logged as ``val/<name>/acc``), validated before
-            the first step, every ``interval`` steps and after the last, with the
-            step's metrics (so checkpoints carry it too).
+        val: optional :class:`~gepo_xtuner.engine.step.validation.Validator` arguments
+            (held-out files and benchmarks, ``interval``): validated before the first
+            step, every ``interval`` steps and after the last, with the step's metrics.
         reward_route_by: the record field that picks the reward function,
             ``'domain'`` (default) or ``'data_source'``.
         prompts_per_step, minibatch_responses: the intended prompts per RL step and
@@ -135,13 +132,9 @@ class RLTrainLoop(BaseLoop):
         self.prompt_template = prompt_template
         self.advantage = ADVANTAGES.build(advantage)
         check_group_size(self.advantage, num_responses)
-        prompts = getattr(self.dataloader, 'batch_size', None)
-        if isinstance(prompts, int):  # None with a custom batch sampler: sizes vary
-            geometry = StepGeometry(prompts, num_responses, minibatch_responses_per_rank,
-                                    ppo_epochs, dist_world_size(), prompts_per_step,
-                                    minibatch_responses)
-            for warning in geometry.warnings():
-                print_log(warning, logger='current', level=logging.WARNING)
+        prompts = getattr(self.dataloader, 'batch_size', None)  # None: sizes vary
+        warn_step_geometry(prompts, num_responses, minibatch_responses_per_rank, ppo_epochs,
+                           dist_world_size(), prompts_per_step, minibatch_responses)
         self.no_signal = NoSignalWatch()  # warns after steps without gradient signal
         self.step_metrics: dict[str, float] = {}  # what the current step logged
         self.stop_training = False  # a hook may end the run early (mmengine's convention)
@@ -298,13 +291,11 @@ class RLTrainLoop(BaseLoop):
 
     def prepare_checkpoint(self) -> None:
         """Gathers every rank's share of the rollout stage (the batch generated ahead, as
-        samples: its weights are gone) into the run state, for a checkpoint saved at the
-        end of this step.
+        samples) into the run state, for a checkpoint saved at the end of this step.
 
-        The stage does it itself at the steps the runner's ``CheckpointHook`` saves at.
-        A collective: a hook that saves a checkpoint off that schedule calls it on every
-        rank first (as the run-health hook's ``action='stop'`` does). Without it, a
-        checkpoint holds the batch ahead of the saving rank only; the other ranks then
+        The stage does it at the steps the ``CheckpointHook`` saves at; a hook that saves
+        off that schedule calls it on every rank first (a collective), as the run-health
+        hook's ``action='stop'`` does. Without it, the other ranks than the saving one
         generate their batch again on resume (with a warning).
         """
         if self._rank_states is not None:

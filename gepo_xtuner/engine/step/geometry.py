@@ -6,9 +6,12 @@ loads; ``tools/check_config.py`` builds the same object with the world size it i
 and prints its rows and warnings.
 """
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from mmengine.logging import print_log
 
 
 def check_group_size(processor: Any, num_responses: int) -> None:
@@ -116,3 +119,17 @@ class StepGeometry:
                          f'(= {m * w / k:g} prompts)',
             'optimizer steps per RL step': f'{self.optimizer_steps} (ppo_epochs {self.ppo_epochs})',
         }
+
+
+def warn_step_geometry(prompts_per_rank: Any, num_responses: int,
+                       minibatch_responses_per_rank: int, ppo_epochs: int, world_size: int,
+                       prompts_per_step: int | None, minibatch_responses: int | None) -> None:
+    """Builds the :class:`StepGeometry` (refusing what it refuses) and logs its
+    :meth:`~StepGeometry.warnings`; nothing when ``prompts_per_rank`` is None (a custom
+    batch sampler: batch sizes vary)."""
+    if not isinstance(prompts_per_rank, int):
+        return
+    geometry = StepGeometry(prompts_per_rank, num_responses, minibatch_responses_per_rank,
+                            ppo_epochs, world_size, prompts_per_step, minibatch_responses)
+    for warning in geometry.warnings():
+        print_log(warning, logger='current', level=logging.WARNING)
