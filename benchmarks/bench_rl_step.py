@@ -48,7 +48,7 @@ forward and backward: ``4 * sum_seq (2 N l + 2 n_layers d_attn l (l + 1))``, 8 N
 token plus attention. The peak is the GPU's bf16 dense peak looked up by name
 (``PEAK_BF16_TFLOPS``: H100 SXM and H200 989 TFLOP/s) or ``--peak-tflops``.
 
-Needs TRL for ``trl``: ``make bench-step`` puts ``work_dirs/bench_trl_deps`` (``make
+Needs TRL for ``trl``: ``make bench-step`` puts ``work_dirs/trl_deps`` (``make
 bench-trl``'s TRL 1.16 + transformers 4.57) first on ``PYTHONPATH``; without it the
 TRL column is skipped and its ratio printed as ``nan``. Last line:
 ``ratio_ours_over_floor=<x> ratio_padded_over_ours=<y> ratio_trl_over_ours=<z>``.

@@ -1,6 +1,6 @@
 """Step time of this package's RL loop vs TRL's ``GRPOTrainer``: same CPU workload, one process.
 
-``make bench-trl`` runs it with ``benchmarks/requirements-trl.txt`` installed apart, first on
+``make bench-trl`` runs it with ``requirements-trl.txt`` installed apart, first on
 ``PYTHONPATH``. Workload, read from ``configs/gepo_tiny_cpu.py`` so both match by construction:
 the same tiny model weights (one copy per side), fp32 CPU, the config's B prompts x K
 responses and ``max_new_tokens`` (the workload line printed first says which), temperature 1,

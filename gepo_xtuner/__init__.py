@@ -9,13 +9,21 @@ Importing changes nothing outside the package: no matplotlib backend, no environ
 variable, no patched module. The only exception is XTuner's own training process
 (``xtuner train ... --resume``), where :mod:`gepo_xtuner.compat` lists what it does.
 The CPU demo's tiny model and synthetic tasks are not imported.
+
+Without mmengine (``pip install gepo-xtuner[trl]`` or ``[verl]``, beside another trainer),
+the import brings the core only: the advantage processors and policy losses, in
+registries of their own (:mod:`gepo_xtuner.standalone_registry`); the XTuner-facing parts
+(loop, hooks, rollout backends, rewards, data) need ``pip install gepo-xtuner[xtuner]``.
 """
 
-from . import advantage, data, engine, loss, model, reward, rollout  # noqa: F401  (registers)
-from .compat import apply_xtuner_train_shims
-from .registry import ADVANTAGES, POLICY_LOSSES, REWARDS, ROLLOUT_BACKENDS
+from . import advantage, loss  # noqa: F401  (registers)
+from .registry import ADVANTAGES, HAVE_MMENGINE, POLICY_LOSSES, REWARDS, ROLLOUT_BACKENDS
 
 __version__ = '0.1.0'
 
-apply_xtuner_train_shims()
+if HAVE_MMENGINE:
+    from . import data, engine, model, reward, rollout  # noqa: F401  (registers)
+    from .compat import apply_xtuner_train_shims
+
+    apply_xtuner_train_shims()
 __all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'REWARDS', 'ROLLOUT_BACKENDS', '__version__']

@@ -30,13 +30,25 @@ register into mmengine's root ``LOOPS``, ``HOOKS``, ``MODELS`` and ``RUNNERS``, 
 ``xtuner train`` looks them up.
 
 From a root registry, the scoped name ``'gepo_xtuner.GEPOAdvantage'`` also resolves.
+
+Without mmengine (a TRL, verl or slime environment, ``pip install gepo-xtuner[trl]``), each
+registry is a :class:`~gepo_xtuner.standalone_registry.Registry` with the same names,
+registration and build rules, and no parent.
 """
 
-from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS
-from mmengine.registry import INFERENCERS as MMENGINE_INFERENCERS
-from mmengine.registry import MODELS as MMENGINE_MODELS
-from mmengine.registry import TASK_UTILS as MMENGINE_TASK_UTILS
-from mmengine.registry import Registry, build_from_cfg
+try:
+    from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS
+    from mmengine.registry import INFERENCERS as MMENGINE_INFERENCERS
+    from mmengine.registry import MODELS as MMENGINE_MODELS
+    from mmengine.registry import TASK_UTILS as MMENGINE_TASK_UTILS
+    from mmengine.registry import Registry, build_from_cfg
+    HAVE_MMENGINE = True
+except ModuleNotFoundError as missing:
+    if missing.name != 'mmengine':
+        raise
+    # A TRL, verl or slime environment: the registries keep mmengine's contract without it
+    from .standalone_registry import Registry  # type: ignore[assignment]
+    HAVE_MMENGINE = False
 
 
 def _build_in_own_scope(cfg, *args, registry: Registry, **kwargs):
@@ -55,16 +67,21 @@ def _build_in_own_scope(cfg, *args, registry: Registry, **kwargs):
 __all__ = ['ADVANTAGES', 'POLICY_LOSSES', 'ROLLOUT_BACKENDS', 'REWARDS', 'shipped']
 
 
-def _child(name: str, parent: Registry, location: str) -> Registry:
-    """A child of an mmengine root registry in the ``gepo_xtuner`` scope."""
-    return Registry(name, build_func=_build_in_own_scope, parent=parent, scope='gepo_xtuner',
-                    locations=[location])
+def _child(name: str, parent: str, location: str) -> Registry:
+    """A child of the mmengine root registry named ``parent``, in the ``gepo_xtuner``
+    scope; without mmengine, a :class:`~gepo_xtuner.standalone_registry.Registry`."""
+    if not HAVE_MMENGINE:
+        return Registry(name, scope='gepo_xtuner', locations=[location])
+    roots = dict(TASK_UTILS=MMENGINE_TASK_UTILS, MODELS=MMENGINE_MODELS,
+                 INFERENCERS=MMENGINE_INFERENCERS, FUNCTIONS=MMENGINE_FUNCTIONS)
+    return Registry(name, build_func=_build_in_own_scope, parent=roots[parent],
+                    scope='gepo_xtuner', locations=[location])
 
 
-ADVANTAGES = _child('advantage processor', MMENGINE_TASK_UTILS, 'gepo_xtuner.advantage')
-POLICY_LOSSES = _child('policy loss', MMENGINE_MODELS, 'gepo_xtuner.loss')
-ROLLOUT_BACKENDS = _child('rollout backend', MMENGINE_INFERENCERS, 'gepo_xtuner.rollout')
-REWARDS = _child('reward function', MMENGINE_FUNCTIONS, 'gepo_xtuner.reward')
+ADVANTAGES = _child('advantage processor', 'TASK_UTILS', 'gepo_xtuner.advantage')
+POLICY_LOSSES = _child('policy loss', 'MODELS', 'gepo_xtuner.loss')
+ROLLOUT_BACKENDS = _child('rollout backend', 'INFERENCERS', 'gepo_xtuner.rollout')
+REWARDS = _child('reward function', 'FUNCTIONS', 'gepo_xtuner.reward')
 
 
 def shipped(registry: Registry) -> dict[str, type]:

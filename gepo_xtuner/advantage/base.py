@@ -241,7 +241,8 @@ class AdvantageProcessor(abc.ABC):
         shaper's ``base``."""
         return self
 
-    def __call__(self, batch: AdvantageInputs, state: Any = None) -> AdvantageOutput:
+    def __call__(self, batch: AdvantageInputs, state: Any = None,
+                 base_advantages: Tensor | None = None) -> AdvantageOutput:
         """Computes advantages for one step's (local) batch: the whole template.
 
         ``batch.validate()`` -> :meth:`estimator`'s :meth:`estimate` -> :meth:`shape`
@@ -251,6 +252,9 @@ class AdvantageProcessor(abc.ABC):
             batch: the responses of this step on this rank.
             state: the object returned by :meth:`init_state` (stateful processors
                 update it in place; required for them).
+            base_advantages: ``(N,)`` advantages another trainer's own estimator
+                computed for ``batch`` (TRL's, verl's), used in place of
+                :meth:`estimate`: a shaper then shapes them. None: :meth:`estimate`.
 
         Returns:
             The advantages, what shaping did, and the metrics.
@@ -266,7 +270,13 @@ class AdvantageProcessor(abc.ABC):
         batch.validate()
         rewards = batch.rewards.to(torch.float64)
         groups = self._group_view(batch)
-        raw = self.estimator.estimate(rewards, groups.segments)
+        if base_advantages is None:
+            raw = self.estimator.estimate(rewards, groups.segments)
+        else:
+            raw = base_advantages.to(device=rewards.device, dtype=torch.float64)
+            if tuple(raw.shape) != tuple(rewards.shape) or not bool(raw.isfinite().all()):
+                raise ValueError(f'{name}: base_advantages must be ({len(batch)},) finite values '
+                                 f'like the rewards, got shape {tuple(raw.shape)}')
         shaping = self.shape(raw, groups, batch, state)
         metrics = dict(shaping.metrics)
         metrics.update(self._metrics(rewards, raw, shaping, groups, batch))

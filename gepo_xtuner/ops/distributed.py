@@ -9,11 +9,33 @@ tensors wherever they are; :func:`all_reduce` moves a copy to the right device a
 the result back.
 """
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
 __all__ = ['all_reduce', 'all_reduce_sum', 'backend_devices', 'collective_device',
-           'dist_rank', 'dist_world_size', 'reduce_in_group']
+           'dist_rank', 'dist_world_size', 'reduce_in_group', 'replicated_batch']
+
+_REPLICATED = contextvars.ContextVar('gepo_xtuner_replicated_batch', default=False)
+
+
+@contextlib.contextmanager
+def replicated_batch() -> Iterator[None]:
+    """Within the block, every rank holds the same, whole batch: :func:`all_reduce` is
+    the identity, as in a single process.
+
+    For trainers that gather the step's whole batch on every process before computing
+    advantages (TRL's ``GRPOTrainer``): reducing batch statistics over ranks would count
+    each group once per process. Every rank computes the same values from the same data.
+    """
+    token = _REPLICATED.set(True)
+    try:
+        yield
+    finally:
+        _REPLICATED.reset(token)
 
 
 def dist_world_size() -> int:
@@ -104,8 +126,8 @@ def collective_device(backend: str, tensor_device: torch.device | str,
 def all_reduce(tensor: torch.Tensor, op: str = 'sum') -> torch.Tensor:
     """Reduces ``tensor`` over all ranks and returns the result on its own device.
 
-    A single process (or an uninitialised process group) returns the tensor
-    unchanged, so callers never branch on the launch mode. Every rank receives
+    A single process (or an uninitialised process group, or a :func:`replicated_batch`
+    block) returns the tensor unchanged, so callers never branch on the launch mode. Every rank receives
     the same values, which is what keeps batch statistics and the state derived
     from them identical across ranks. The reduction runs on the device
     :func:`collective_device` picks for the default group's backend (a CPU tensor
@@ -121,7 +143,7 @@ def all_reduce(tensor: torch.Tensor, op: str = 'sum') -> torch.Tensor:
     """
     if op not in _OPS:
         raise ValueError(f"op must be one of {sorted(_OPS)}, got {op!r}")
-    if dist_world_size() <= 1:
+    if dist_world_size() <= 1 or _REPLICATED.get():
         return tensor
     return reduce_in_group(tensor, op)
 
