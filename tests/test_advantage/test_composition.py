@@ -96,3 +96,26 @@ def test_shaper_output_is_named_and_neutral():
     assert out.shaped.tolist() == [True, False, False, True]
     assert out.metrics['shaping/frac_damped_pos'] == 0.25
     assert out.metrics['shaping/frac_removed'] == 0.0
+
+
+@pytest.mark.parametrize('name', ['GEPOAdvantage', 'AEPOAdvantage'])
+@pytest.mark.parametrize('seed', range(5))
+def test_base_advantages_from_another_trainer_equal_the_base_estimator(name, seed, make_batch):
+    """A trainer's own estimator (TRL's, slime's) passes its advantages in; when they are
+    the base estimator's, every output and the state equal the processor's own path."""
+    rng = random.Random(5000 + seed)
+    own, given = (ADVANTAGES.build(dict(type=name, base=dict(type='RLOOAdvantage')))
+                  for _ in range(2))
+    own_state, given_state = own.init_state(), given.init_state()
+    for _ in range(3):
+        batch = make_batch(rng)
+        base = RLOOAdvantage()(batch).advantages
+        a = own(batch, own_state)
+        b = given(batch, given_state, base_advantages=RLOOAdvantage().estimate(
+            batch.rewards.double(), own._group_view(batch).segments))
+        assert torch.equal(a.advantages, b.advantages) and a.metrics.keys() == b.metrics.keys()
+        assert torch.equal(a.raw_advantages, base)
+    if own_state is not None:
+        assert own_state.state_dict() == given_state.state_dict()
+    with pytest.raises(ValueError, match='base_advantages must be'):
+        given(batch, given_state, base_advantages=torch.zeros(len(batch) + 1))

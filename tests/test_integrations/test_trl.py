@@ -55,14 +55,18 @@ def tiny_policy(tmp_path_factory) -> Path:
     return out
 
 
-def run_trl(deps: Path, model: Path, out: Path, records: Path, *extra: str) -> None:
+def run_trl(deps: Path, model: Path, out: Path, records: Path, *extra: str,
+            ok: bool = True) -> subprocess.CompletedProcess:
+    """``trl_env/run_grpo.py`` on WORLD processes started by torchrun."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(deps), str(ROOT)]),
                OMP_NUM_THREADS='1')
     proc = subprocess.run(
         [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={WORLD}',
          f'--master_port={free_port()}', str(SCRIPT), str(model), str(out), str(records),
          *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    if ok:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    return proc
 
 
 @pytest.fixture(scope='module')
@@ -135,25 +139,15 @@ def test_resume_restores_the_band_exactly(straight, trl_deps, tiny_policy, tmp_p
         assert load(tmp_path / 'records', step) == load(straight / 'records', step), step
 
 
-def test_a_checkpoint_without_a_band_is_refused(straight, trl_deps, tiny_policy, tmp_path):
-    """A TRL checkpoint of a run without GEPO: resuming would restart the band silently."""
-    import shutil
-    checkpoint = tmp_path / 'checkpoint-1'
-    shutil.copytree(straight / 'out' / 'checkpoint-1', checkpoint)
-    (checkpoint / 'gepo_state.json').unlink()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(trl_deps), str(ROOT)]),
-               OMP_NUM_THREADS='1')
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tiny_policy), str(tmp_path / 'out'),
-                           str(tmp_path / 'records'), '--resume', str(checkpoint)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode != 0
-    assert 'has no gepo_state.json: it was not written by a GEPO trainer' in proc.stderr
-
-
-def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps):
+def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight, tmp_path):
     """In a process where mmengine, xtuner and lmdeploy cannot be imported (as after
-    ``pip install gepo-xtuner[trl]``), the integration and the core import and build."""
+    ``pip install gepo-xtuner[trl]``), the integration and the core import and build; there,
+    the step-1 checkpoint of the run loads its band, and a copy without the band file (a
+    checkpoint of a run without GEPO) is refused: resuming would restart the band."""
+    import shutil
+    checkpoint = straight / 'out' / 'checkpoint-1'
+    shutil.copytree(checkpoint, tmp_path / 'checkpoint-1')
+    (tmp_path / 'checkpoint-1' / 'gepo_state.json').unlink()
     code = textwrap.dedent(f'''
         import importlib.abc, sys
         class Absent(importlib.abc.MetaPathFinder):
@@ -166,10 +160,25 @@ def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps):
         from gepo_xtuner.registry import ADVANTAGES, HAVE_MMENGINE
         assert not HAVE_MMENGINE
         assert type(ADVANTAGES.build(dict(type='GEPOAdvantage'))).__name__ == 'GEPOAdvantage'
+        from gepo_xtuner.integrations.trl import GEPOTrainerMixin
+        class Base:  # the rest of the trainer's chain
+            def _load_optimizer_and_scheduler(self, checkpoint):
+                pass
+        class Trainer(GEPOTrainerMixin, Base):
+            pass
+        trainer = Trainer(gepo=dict(gamma=0.5))
+        trainer._load_optimizer_and_scheduler({str(checkpoint)!r})
+        print(trainer.gepo_state.num_updates)
+        try:
+            trainer._load_optimizer_and_scheduler({str(tmp_path / 'checkpoint-1')!r})
+        except FileNotFoundError as e:
+            print(e)
         print(sorted(m for m in sys.modules if m.split('.')[0] in {XTUNER_STACK!r}))
     ''')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(trl_deps), str(ROOT)]))
     proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip().splitlines()[-1] == '[]'
+    loaded, refused, stack = proc.stdout.strip().splitlines()[-3:]
+    assert loaded == '1' and stack == '[]'
+    assert 'has no gepo_state.json: it was not written by a GEPO trainer' in refused

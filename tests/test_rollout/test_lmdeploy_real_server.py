@@ -209,7 +209,9 @@ def test_sleep_aborts_requests_still_running(real_server):
     """Why generate() sleeps only after every rank is done: /sleep ends running requests."""
     real_server.engine.token_delay_s = 0.05
     answers = []
-    body = {'input_ids': PROMPTS[0], 'max_tokens': 40, 'return_logprob': True}
+    # ignore_eos: a sampled end-of-sequence token would end the request before /sleep does
+    body = {'input_ids': PROMPTS[0], 'max_tokens': 40, 'return_logprob': True,
+            'ignore_eos': True}
     thread = threading.Thread(target=lambda: answers.append(
         httpx.post(f'{real_server.url}/generate', json=body, headers=JSON, timeout=30)))
     thread.start()

@@ -25,6 +25,20 @@ from trl import GRPOConfig  # noqa: E402
 
 from gepo_xtuner.integrations.trl import GEPOGRPOTrainer  # noqa: E402
 
+_torch_load = torch.load
+
+
+def _load_on_cpu(*args, map_location=None, **kwargs):
+    """transformers' Trainer resumes the optimizer of a multi-process run with
+    ``map_location=args.device``, which on CPU is ``cpu:<rank>``, a location torch.load
+    cannot restore (GPU runs get ``cuda:<rank>``); CPU is CPU."""
+    if isinstance(map_location, torch.device) and map_location.type == 'cpu':
+        map_location = 'cpu'
+    return _torch_load(*args, map_location=map_location, **kwargs)
+
+
+torch.load = _load_on_cpu
+
 #: 3 rows per process and 2 completions per prompt: the middle group is split between
 #: rank 0 (its first row) and rank 1 (its second)
 PER_DEVICE, K = 3, 2
