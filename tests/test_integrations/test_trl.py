@@ -141,9 +141,10 @@ def test_resume_restores_the_band_exactly(straight, trl_deps, tiny_policy, tmp_p
 
 def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight, tmp_path):
     """In a process where mmengine, xtuner and lmdeploy cannot be imported (as after
-    ``pip install gepo-xtuner[trl]``), the integration and the core import and build; there,
-    the step-1 checkpoint of the run loads its band, and a copy without the band file (a
-    checkpoint of a run without GEPO) is refused: resuming would restart the band."""
+    ``pip install gepo-xtuner[trl]``), the integration and the core import and build. There,
+    on the rest of a trainer's chain reduced to what the mixin calls: the logprobs it picks,
+    the step-1 checkpoint of the run loading its band, and a copy without the band file (a
+    checkpoint of a run without GEPO) refused, since resuming would restart the band."""
     import shutil
     checkpoint = straight / 'out' / 'checkpoint-1'
     shutil.copytree(checkpoint, tmp_path / 'checkpoint-1')
@@ -161,12 +162,32 @@ def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight
         assert not HAVE_MMENGINE
         assert type(ADVANTAGES.build(dict(type='GEPOAdvantage'))).__name__ == 'GEPOAdvantage'
         from gepo_xtuner.integrations.trl import GEPOTrainerMixin
+        import torch
+        from types import SimpleNamespace
         class Base:  # the rest of the trainer's chain
+            model, args = None, SimpleNamespace(per_device_train_batch_size=2)
             def _load_optimizer_and_scheduler(self, checkpoint):
                 pass
+            def _get_per_token_logps_and_entropies(self, model, ids, mask, keep, batch_size):
+                return torch.full((ids.shape[0], keep), -3.0), None, None
         class Trainer(GEPOTrainerMixin, Base):
             pass
         trainer = Trainer(gepo=dict(gamma=0.5))
+        ones = torch.ones(2, 3, dtype=torch.long)
+        out = dict(prompt_ids=ones, prompt_mask=ones, completion_ids=ones,
+                   completion_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]))
+        sampled = torch.full((2, 3), -1.0)
+        old = torch.full((2, 3), -2.0)
+        picks = [trainer._gepo_logprobs(dict(out, sampling_per_token_logps=sampled,
+                                             old_per_token_logps=old))[0][0, 0].item()]
+        sampled[1, 2] = float('nan')  # a token the engine could not score
+        picks.append(trainer._gepo_logprobs(dict(out, sampling_per_token_logps=sampled,
+                                                 old_per_token_logps=old))[0][0, 0].item())
+        sampled[1, 2], sampled[0, 2] = -1.0, float('nan')  # NaN on padding: still the engine's
+        picks.append(trainer._gepo_logprobs(dict(out, sampling_per_token_logps=sampled))[0][0, 0].item())
+        lp, mask = trainer._gepo_logprobs(dict(out, tool_mask=torch.tensor([[1, 0, 1], [1, 1, 1]])))
+        picks += [lp[0, 0].item(), mask.tolist()]
+        print(picks)
         trainer._load_optimizer_and_scheduler({str(checkpoint)!r})
         print(trainer.gepo_state.num_updates)
         try:
@@ -179,6 +200,9 @@ def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight
     proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    loaded, refused, stack = proc.stdout.strip().splitlines()[-3:]
+    picks, loaded, refused, stack = proc.stdout.strip().splitlines()[-4:]
+    # the engine's logprobs, the trainer's where the engine's have a NaN on a trained token,
+    # computed where TRL has neither; tool tokens leave the mask
+    assert picks == str([-1.0, -2.0, -1.0, -3.0, [[1, 0, 0], [1, 1, 1]]])
     assert loaded == '1' and stack == '[]'
     assert 'has no gepo_state.json: it was not written by a GEPO trainer' in refused
