@@ -128,18 +128,56 @@ def cache_lock(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope='session')
-def tf5_deps(tmp_path_factory) -> Path:
-    """The overlay of ``make tf5-deps`` (installed now if missing or outdated)."""
-    with cache_lock('tf5_deps'):
-        proc = subprocess.run(['make', '-s', 'tf5-deps', f'PY={sys.executable}'], cwd=ROOT,
+def _overlay(target: str, what: str, tmp_path_factory) -> Path:
+    """``make <target>``'s dependency overlay in ``work_dirs/`` (installed now if missing or
+    outdated, one worker at a time); skips where it is missing and the registry is not
+    reachable."""
+    name = target.replace('-', '_')
+    with cache_lock(name):
+        proc = subprocess.run(['make', '-s', target, f'PY={sys.executable}'], cwd=ROOT,
                               capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
-            pytest.skip('the transformers-5 overlay (make tf5-deps) is not installed and the '
+            pytest.skip(f'the {what} overlay (make {target}) is not installed and the '
                         'package registry cannot be reached to install it')
-        pytest.fail(f'make tf5-deps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
-    return ROOT / 'work_dirs' / 'tf5_deps'
+        pytest.fail(f'make {target} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+    return ROOT / 'work_dirs' / name
+
+
+@pytest.fixture(scope='session')
+def tf5_deps(tmp_path_factory) -> Path:
+    """The overlay of ``make tf5-deps`` (transformers 5)."""
+    return _overlay('tf5-deps', 'transformers-5', tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def trl_deps(tmp_path_factory) -> Path:
+    """The overlay of ``make trl-deps`` (TRL 1.16 and the transformers it needs)."""
+    return _overlay('trl-deps', 'TRL', tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
+    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
+    out = tmp_path_factory.mktemp('tiny_policy')
+    tok = build_char_tokenizer()
+    build_tiny_model(len(tok), seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+#: Source that makes mmengine, xtuner and lmdeploy unimportable in the process that runs it
+#: (a finder first on ``sys.meta_path``), as in an environment without them
+#: (``pip install gepo-xtuner[trl]``).
+WITHOUT_XTUNER_STACK = """
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] in ('mmengine', 'xtuner', 'lmdeploy'):
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+sys.meta_path.insert(0, _Absent())
+"""
 
 
 @pytest.fixture(scope='session')

@@ -20,6 +20,7 @@ import torch
 
 from gepo_xtuner.registry import ADVANTAGES, HAVE_MMENGINE, POLICY_LOSSES
 from gepo_xtuner.standalone_registry import Registry
+from tests.conftest import WITHOUT_XTUNER_STACK
 
 ROOT = Path(__file__).resolve().parents[1]
 XTUNER_STACK = ('mmengine', 'xtuner', 'lmdeploy')
@@ -54,16 +55,8 @@ for name in sorted(shipped(POLICY_LOSSES)):
 
 
 def _run_blocked(code: str) -> subprocess.CompletedProcess:
-    prelude = textwrap.dedent(f'''
-        import importlib.abc, sys
-        class Absent(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name.split('.')[0] in {XTUNER_STACK!r}:
-                    raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
-        sys.meta_path.insert(0, Absent())
-    ''')
-    return subprocess.run([sys.executable, '-c', prelude + code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return subprocess.run([sys.executable, '-c', WITHOUT_XTUNER_STACK + code], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 def _workload() -> dict:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from gepo_xtuner.advantage import AdvantageInputs, GEPOAdvantage, GRPOAdvantage
-from tests.conftest import _registry_reachable, cache_lock
+from tests.conftest import WITHOUT_XTUNER_STACK
 from tests.test_engine.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,30 +29,6 @@ STEPS, WORLD, PER_DEVICE, K = 3, 2, 3, 2
 GEPO = dict(alpha_low=0.5, alpha_high=0.2, beta_low=0.2, beta_high=0.3, gamma=0.5)
 #: modules a TRL user's environment need not have
 XTUNER_STACK = ('mmengine', 'xtuner', 'lmdeploy')
-
-
-@pytest.fixture(scope='session')
-def trl_deps(tmp_path_factory) -> Path:
-    """The overlay of ``make trl-deps`` (installed now if missing or outdated)."""
-    with cache_lock('trl_deps'):
-        proc = subprocess.run(['make', '-s', 'trl-deps', f'PY={sys.executable}'], cwd=ROOT,
-                              capture_output=True, text=True, timeout=900, check=False)
-    if proc.returncode != 0:
-        if not _registry_reachable(tmp_path_factory.mktemp('pip_probe')):
-            pytest.skip('the TRL overlay (make trl-deps) is not installed and the package '
-                        'registry cannot be reached to install it')
-        pytest.fail(f'make trl-deps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
-    return ROOT / 'work_dirs' / 'trl_deps'
-
-
-@pytest.fixture(scope='module')
-def tiny_policy(tmp_path_factory) -> Path:
-    from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
-    out = tmp_path_factory.mktemp('tiny_trl')
-    tok = build_char_tokenizer()
-    build_tiny_model(len(tok), seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def run_trl(deps: Path, model: Path, out: Path, records: Path, *extra: str,
@@ -70,10 +46,10 @@ def run_trl(deps: Path, model: Path, out: Path, records: Path, *extra: str,
 
 
 @pytest.fixture(scope='module')
-def straight(trl_deps, tiny_policy, tmp_path_factory) -> Path:
+def straight(trl_deps, tiny_model_dir, tmp_path_factory) -> Path:
     """A 3-step run, checkpointed after every step; its records."""
     tmp = tmp_path_factory.mktemp('trl_straight')
-    run_trl(trl_deps, tiny_policy, tmp / 'out', tmp / 'records')
+    run_trl(trl_deps, tiny_model_dir, tmp / 'out', tmp / 'records')
     return tmp
 
 
@@ -126,13 +102,13 @@ def test_two_processes_with_split_groups_give_the_cores_advantages(straight):
     assert [row['gepo/num_updates'] for row in logged if 'gepo/num_updates' in row] == [1, 2, 3]
 
 
-def test_resume_restores_the_band_exactly(straight, trl_deps, tiny_policy, tmp_path):
+def test_resume_restores_the_band_exactly(straight, trl_deps, tiny_model_dir, tmp_path):
     """Resumed from the step-1 checkpoint: the band file there is the band after step 1,
     and the resumed steps see the batches, band and shaped advantages of the straight run."""
     checkpoint = straight / 'out' / 'checkpoint-1'
     saved = json.loads((checkpoint / 'gepo_state.json').read_text())
     assert saved == load(straight / 'records', 1)[0]['state']
-    run_trl(trl_deps, tiny_policy, tmp_path / 'out', tmp_path / 'records', '--resume',
+    run_trl(trl_deps, tiny_model_dir, tmp_path / 'out', tmp_path / 'records', '--resume',
             str(checkpoint))
     assert not (tmp_path / 'records' / 'step1_rank0.json').exists()
     for step in range(2, STEPS + 1):
@@ -149,13 +125,7 @@ def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight
     checkpoint = straight / 'out' / 'checkpoint-1'
     shutil.copytree(checkpoint, tmp_path / 'checkpoint-1')
     (tmp_path / 'checkpoint-1' / 'gepo_state.json').unlink()
-    code = textwrap.dedent(f'''
-        import importlib.abc, sys
-        class Absent(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name.split('.')[0] in {XTUNER_STACK!r}:
-                    raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
-        sys.meta_path.insert(0, Absent())
+    code = WITHOUT_XTUNER_STACK + textwrap.dedent(f'''
         sys.modules.setdefault('bitsandbytes', None)
         from gepo_xtuner.integrations.trl import GEPOGRPOTrainer
         from gepo_xtuner.registry import ADVANTAGES, HAVE_MMENGINE

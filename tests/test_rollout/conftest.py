@@ -1,12 +1,10 @@
-"""A tiny saved policy, LMDeploy's own API server on CPU serving it, and a protocol double
-for failure injection (both in threads)."""
+"""LMDeploy's own API server on CPU serving the session's tiny policy (``tiny_model_dir``,
+tests/conftest.py), and a protocol double for failure injection (both in threads)."""
 
 from pathlib import Path
 
 import pytest
 import torch
-
-from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,16 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def on_one_thread(one_thread) -> None:
     """Every rollout test on one thread (``tests/conftest.py:one_thread``)."""
-
-
-@pytest.fixture(scope='package')
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
-    out = tmp_path_factory.mktemp('tiny_policy')
-    tok = build_char_tokenizer()
-    build_tiny_model(len(tok), seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture
