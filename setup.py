@@ -79,7 +79,10 @@ setup(
     py_modules=['_gepo_xtuner_transformers5', '_gepo_xtuner_quiet', 'gepo_xtuner_launch'],
     # `gepo-train CONFIG`: xtuner's training program with this interpreter, its exit
     # status, signals forwarded, stopped when the launcher dies (gepo_xtuner_launch.py)
-    entry_points={'console_scripts': ['gepo-train = gepo_xtuner_launch:main']},
+    # verl imports its `verl.plugins` entry points when it is imported: the `gepo` advantage
+    # estimator (gepo_xtuner/integrations/verl.py)
+    entry_points={'console_scripts': ['gepo-train = gepo_xtuner_launch:main'],
+                  'verl.plugins': ['gepo = gepo_xtuner.integrations.verl']},
     cmdclass={'build_py': BuildPyWithStartupHook},
     # The core (advantage processors, policy losses, their registries) and the TRL / verl /
     # slime integrations need torch and numpy only; XTuner's side is the `xtuner` extra:
@@ -93,6 +96,8 @@ setup(
         'xtuner': XTUNER,
         # GEPO on TRL's GRPOTrainer (gepo_xtuner.integrations.trl), beside TRL's own stack
         'trl': ['trl>=1.16', 'transformers>=4.56.2'],
+        # GEPO as verl's `gepo` advantage estimator (gepo_xtuner.integrations.verl)
+        'verl': ['verl>=0.9.1,<0.10'],
         # pydantic, shortuuid, pybase64: what `lmdeploy.serve.openai.protocol` imports, for
         # the rollout protocol tests (lmdeploy itself: --no-deps, see the Makefile)
         # wandb: the W&B backend's offline-mode test (mmengine's WandbVisBackend)

@@ -157,6 +157,12 @@ def trl_deps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope='session')
+def verl_deps(tmp_path_factory) -> Path:
+    """The overlay of ``make verl-deps`` (verl 0.9.1 and the transformers it needs)."""
+    return _overlay('verl-deps', 'verl', tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
     from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model

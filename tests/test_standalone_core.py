@@ -142,7 +142,28 @@ def test_requirements_keep_the_xtuner_stack_in_its_extra():
     groups: dict[str | None, set[str]] = {}
     for req in reqs:
         groups.setdefault(extra(req), set()).add(name(req).lower())
-    for group in (None, 'trl'):
+    for group in (None, 'trl', 'verl'):
         assert not groups.get(group, set()) & set(XTUNER_STACK), (group, groups.get(group))
     assert groups[None] == {'torch', 'numpy'}
     assert {'xtuner', 'mmengine'} <= groups['xtuner'] and 'trl' in groups['trl']
+    assert groups['verl'] == {'verl'}
+
+
+def test_pip_installs_the_trl_extra_without_the_xtuner_stack(tmp_path):
+    """What ``pip install '.[trl]'`` installs into an empty environment, as pip resolves it
+    against the package registry (``--dry-run --ignore-installed --report``): TRL, transformers
+    and torch, and none of mmengine, xtuner, lmdeploy. (The import side, in a process where
+    those cannot be imported, is ``test_trl.py``'s.)"""
+    from tests.conftest import ROOT, _registry_reachable
+    report = tmp_path / 'report.json'
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pip', 'install', '--dry-run', '--ignore-installed', '-q',
+         '--report', str(report), f'{ROOT}[trl]'], capture_output=True, text=True, timeout=600,
+        check=False)
+    if proc.returncode != 0 and not _registry_reachable(tmp_path):
+        pytest.skip('the package registry cannot be reached')
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    names = {item['metadata']['name'].lower().replace('_', '-')
+             for item in json.loads(report.read_text())['install']}
+    assert {'gepo-xtuner', 'trl', 'transformers', 'torch'} <= names
+    assert not names & set(XTUNER_STACK), sorted(names & set(XTUNER_STACK))

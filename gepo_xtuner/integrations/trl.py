@@ -45,10 +45,10 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from ..advantage import AdvantageInputs, EntropyThresholdState, GEPOAdvantage
+from ..advantage import AdvantageInputs, AdvantageOutput, EntropyThresholdState, GEPOAdvantage
 from ..ops.distributed import replicated_batch
 
-__all__ = ['GEPOTrainerMixin', 'GEPOGRPOTrainer', 'STATE_FILE']
+__all__ = ['GEPOTrainerMixin', 'GEPOGRPOTrainer', 'STATE_FILE', 'shape_gathered']
 
 #: The band's file in each of TRL's ``checkpoint-N/`` directories.
 STATE_FILE = 'gepo_state.json'
@@ -69,6 +69,32 @@ def _build_gepo(gepo: GEPOAdvantage | dict[str, Any] | None) -> GEPOAdvantage:
             f'(scale_rewards, multi_objective_aggregation), got {gepo!r}')
     kwargs.pop('type', None)
     return GEPOAdvantage(**kwargs)
+
+
+def shape_gathered(gepo: GEPOAdvantage, state: EntropyThresholdState, num_generations: int,
+                   advantages: Tensor, rewards: Tensor, logprobs: Tensor,
+                   mask: Tensor) -> AdvantageOutput:
+    """GEPO over TRL's gathered batch: every process calls it with the same tensors.
+
+    Args:
+        gepo: the processor; state: its band, updated once.
+        num_generations: K; TRL's rows ``[g*K, (g+1)*K)`` are prompt g's completions.
+        advantages: ``(N,)`` TRL's advantages (the base), in TRL's global order.
+        rewards: ``(N,)`` TRL's weighted rewards (NaN counts as 0, as TRL sums them).
+        logprobs: ``(N, C)`` the sampling policy's logprobs of the completion tokens.
+        mask: ``(N, C)`` the completion tokens the policy generated.
+
+    Returns:
+        The processor's output; ``advantages`` are the shaped ``(N,)``.
+    """
+    cpu = torch.device('cpu')
+    n = advantages.shape[0]
+    batch = AdvantageInputs(
+        rewards=torch.nan_to_num(rewards.to(cpu, torch.float64), nan=0.0),
+        group_ids=torch.arange(n) // num_generations,
+        logprobs=logprobs.to(cpu, torch.float32), mask=mask.to(cpu).bool())
+    with replicated_batch():  # every process holds the whole batch
+        return gepo(batch, state, base_advantages=advantages.to(cpu))
 
 
 class GEPOTrainerMixin:
@@ -121,13 +147,8 @@ class GEPOTrainerMixin:
                 'GEPO needs whole groups in the order TRL normalised them')
         weights = self.reward_weights.to(rewards_per_func.device)
         rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        cpu = torch.device('cpu')
-        batch = AdvantageInputs(
-            rewards=torch.nan_to_num(rewards.to(cpu, torch.float64), nan=0.0),
-            group_ids=torch.arange(n) // k,
-            logprobs=logprobs_all.to(cpu, torch.float32), mask=mask_all.to(cpu).bool())
-        with replicated_batch():  # every process holds the whole batch
-            shaped = self.gepo(batch, self.gepo_state, base_advantages=adv_all.to(cpu))
+        shaped = shape_gathered(self.gepo, self.gepo_state, k, adv_all, rewards, logprobs_all,
+                                mask_all)
         advantages = shaped.advantages.to(local.device, local.dtype)
         start = acc.process_index * local.shape[0]
         out['advantages'] = advantages[start:start + local.shape[0]]

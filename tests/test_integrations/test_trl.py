@@ -117,7 +117,8 @@ def test_resume_restores_the_band_exactly(straight, trl_deps, tiny_model_dir, tm
 
 def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight, tmp_path):
     """In a process where mmengine, xtuner and lmdeploy cannot be imported (as after
-    ``pip install gepo-xtuner[trl]``), the integration and the core import and build. There,
+    ``pip install gepo-xtuner[trl]``), the integration and the core import and build, and
+    TRL's shaping gives the core's answer on the conformance batch. There,
     on the rest of a trainer's chain reduced to what the mixin calls: the logprobs it picks,
     the step-1 checkpoint of the run loading its band, and a copy without the band file (a
     checkpoint of a run without GEPO) refused, since resuming would restart the band."""
@@ -131,6 +132,8 @@ def test_the_trl_integration_imports_without_the_xtuner_stack(trl_deps, straight
         from gepo_xtuner.registry import ADVANTAGES, HAVE_MMENGINE
         assert not HAVE_MMENGINE
         assert type(ADVANTAGES.build(dict(type='GEPOAdvantage'))).__name__ == 'GEPOAdvantage'
+        from tests.test_integrations import conformance
+        conformance.check('trl')  # the conformance batch (test_conformance.py)
         from gepo_xtuner.integrations.trl import GEPOTrainerMixin
         import torch
         from types import SimpleNamespace

@@ -304,3 +304,9 @@ def test_example_config_builds_the_trainer_config(tmp_path, monkeypatch):
                                                           hf_text.num_hidden_layers)
     assert trainer_cfg.train_batch_size == 256
     assert os.environ['MODEL_PATH'] == str(model_dir)
+
+
+def test_conformance_with_the_core():
+    """The conformance batch (tests/test_integrations/conformance.py) through this path."""
+    from tests.test_integrations import conformance
+    conformance.check('xtuner_v1')
