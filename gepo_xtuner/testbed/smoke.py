@@ -823,6 +823,24 @@ def _prepare_model_and_records(out_dir: Path, family: TinyFamily, tok: Any,
     return dict(seed=seed, rewards=splits['train'])
 
 
+def train_records_per_domain(cfg: Mapping[str, Any], *, steps: int, world_size: int,
+                             n_train: int) -> int:
+    """Training records per domain a smoke run needs: at least ``n_train``, and enough that
+    ``steps`` full batches of the scaled geometry on ``world_size`` ranks never reach the end
+    of an epoch, ``ceil(prompts_per_step * steps / num_domains)``.
+
+    Args:
+        cfg: the loaded config; steps: RL steps; world_size: training processes;
+        n_train: the floor asked for.
+    """
+    loop = cfg.get('train_cfg') or {}
+    per_rank = int(cfg['train_dataloader']['batch_size'])
+    minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
+    prompts = scale_geometry(int(loop.get('num_responses', 8)), per_rank * world_size,
+                             minibatch, world_size, 1).prompts_per_step
+    return max(n_train, math.ceil(prompts * steps / len(domains_of(loop['rewards']))))
+
+
 def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int,
                       world_size: int, max_new_tokens: int = 12, n_train: int = 8,
                       n_val: int = 1, seeds: Sequence[int] = range(8),
@@ -872,8 +890,7 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     k = int(loop.get('num_responses', 8))
     per_rank = int(cfg['train_dataloader']['batch_size'])
     minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
-    prompts = scale_geometry(k, per_rank * world_size, minibatch, world_size, 1).prompts_per_step
-    n_train = max(n_train, math.ceil(prompts * steps / len(kinds)))
+    n_train = train_records_per_domain(cfg, steps=steps, world_size=world_size, n_train=n_train)
     sampling = dict(loop.get('sampling') or {})
     sample_args = dict(template=loop.get('prompt_template', '{prompt}'),
                        temperature=float(sampling.get('temperature', 1.0)),

@@ -304,16 +304,22 @@ def test_every_shipped_config_passes_a_two_process_smoke_run(config):
     assert last['optim/steps'] >= 1 and math.isfinite(last['loss/pg'])
 
 
-@pytest.mark.parametrize('world,steps', [(2, 3)])
+@pytest.mark.parametrize('world,steps', [(1, 1), (2, 3), (4, 5)])
 def test_records_cover_every_step_of_the_run(tmp_path, monkeypatch, world, steps):
     """Each rank draws full batches on every step: no step trains on the tail of an epoch.
-    (A floor of one record per domain, so the count comes from the geometry alone.)"""
+    (A floor of one record per domain, so the count comes from the geometry alone; the
+    records file holds this many per domain, ``test_prepared_model_and_records_...`` and
+    every run above read it.)"""
     for key, value in dict(WORLD_SIZE=str(world), GEPO_MODEL_PATH=str(tmp_path / 'model'),
                            GEPO_DATA_DIR=str(tmp_path / 'data')).items():
         monkeypatch.setenv(key, value)  # as check_config.py sets them
     cfg = Config.fromfile(str(ROOT / 'configs' / 'gepo_intern_s1_mini.py'))
-    plan = smoke.prepare_smoke_run(cfg, tmp_path, steps=steps, world_size=world, n_train=1,
-                                   seeds=[0])
-    records = (plan.data_dir / 'train.jsonl').read_text().splitlines()
-    assert plan.geometry.world_size == world and len(records) > len(plan.rewards)
-    assert len(records) >= plan.geometry.prompts_per_step * steps
+    loop = cfg.train_cfg
+    per_domain = smoke.train_records_per_domain(cfg, steps=steps, world_size=world, n_train=1)
+    geometry = smoke.scale_geometry(
+        int(loop.num_responses), int(cfg.train_dataloader.batch_size) * world,
+        int(loop.minibatch_responses_per_rank) * world, world, 1)
+    records = per_domain * len(smoke.domains_of(loop.rewards))
+    assert per_domain > 1 and records >= geometry.prompts_per_step * steps
+    # and no more than the last domain's share needs
+    assert (per_domain - 1) * len(smoke.domains_of(loop.rewards)) < geometry.prompts_per_step * steps
