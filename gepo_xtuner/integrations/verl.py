@@ -63,8 +63,6 @@ __all__ = ['ESTIMATOR', 'STATE_FILE', 'GEPOVerl', 'shape_batch', 'install', 'run
 ESTIMATOR = 'gepo'
 #: The band, in each ``global_step_N`` checkpoint folder.
 STATE_FILE = 'gepo_state.json'
-#: Fields of ``algorithm.gepo`` that are not :class:`GEPOAdvantage`'s arguments.
-_OWN_FIELDS = ('base', 'logprobs')
 _LOGPROB_SOURCES = ('auto', 'rollout', 'old')
 #: Relative spread under which a response's token advantages count as one value.
 _CONSTANT_RTOL = 1e-5
@@ -113,7 +111,12 @@ class GEPOVerl:
             raise ValueError(f'algorithm.gepo.logprobs={logprobs!r}: one of {_LOGPROB_SOURCES}')
         self.base, self.logprobs = base, logprobs
         self.settings = dict(base=base, logprobs=logprobs, **gepo)
-        self.gepo = GEPOAdvantage(**gepo)
+        try:
+            self.gepo = GEPOAdvantage(**gepo)
+        except TypeError as err:  # an unknown field
+            raise ValueError(
+                f'algorithm.gepo: {err}; its fields are base, logprobs and GEPOAdvantage\'s '
+                '(alpha_low, alpha_high, beta_low, beta_high, gamma, eps)') from None
         self.state: EntropyThresholdState = self.gepo.init_state()
         self.last: AdvantageOutput | None = None
         self.pending_metrics: dict[str, float] = {}

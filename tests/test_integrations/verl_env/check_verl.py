@@ -171,6 +171,11 @@ def test_the_registered_estimator_called_alone_says_why():
         fn(token_level_rewards=None, response_mask=None, config=None)
 
 
+def test_an_unknown_setting_is_named():
+    with pytest.raises(ValueError, match='algorithm.gepo: .*alpha_lo'):
+        plugin.GEPOVerl(alpha_lo=0.5)
+
+
 def test_settings_that_change_during_a_run_are_refused():
     compute_advantage(make_batch(0), adv_estimator='gepo', config=algorithm())
     with pytest.raises(ValueError, match='changed during the run'):
