@@ -9,6 +9,7 @@ its timeout plus :data:`BOUND_S` (measured: docs/rewards.md, "Cost").
 """
 
 import random
+import sys
 import time
 
 import pytest
@@ -29,6 +30,11 @@ SAFE_LEVELS = [level for level in ('isolated', 'contained') if WHY_NOT[level] is
 #: after it; 2 s leaves room for a loaded machine (docs/rewards.md, "Cost").
 BOUND_S = 2.0
 TIMEOUT_S = 4.0
+if getattr(sys.modules.get('coverage'), 'Coverage', None) is not None and \
+        sys.modules['coverage'].Coverage.current() is not None:
+    # under `make coverage` the trainer's side (decoding a 6 MB answer) runs traced: 6.1 s
+    # for huge_line on that machine; the bound is about runs that never end, not speed
+    BOUND_S *= 3
 # ints of one hash, as a list (building the set in the sandbox would itself be quadratic)
 COLLIDING = 'M = (1 << 61) - 1\nvalues = [k * M for k in range(24000)]\n'
 
