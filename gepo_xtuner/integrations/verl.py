@@ -15,8 +15,11 @@ when ``verl`` is imported. A run then asks for GEPO in its algorithm section::
 - ``logprobs``: whose per-token logprobs measure a group's entropy: ``rollout`` (the rollout
   engine's, ``rollout_log_probs``, kept with ``actor_rollout_ref.rollout.calculate_log_probs``),
   ``old`` (the actor's recomputation, ``old_log_probs``) or ``auto`` (rollout where present).
-- ``alpha_low``, ``alpha_high``, ``beta_low``, ``beta_high``, ``gamma``:
+- ``alpha_low``, ``alpha_high``, ``beta_low``, ``beta_high``, ``gamma``, ``eps``:
   :class:`~gepo_xtuner.advantage.GEPOAdvantage`'s.
+
+Bases that need inputs verl prepares only when they are the run's own estimator (``remax``'s
+``reward_baselines``, the optimal-token baselines' ``sum_pi_squared``) are refused.
 
 Why a wrapper and not only a registered estimator: verl calls a registered estimator with the
 rewards, the response mask and the group ids, never with the logprobs, which are in the batch
@@ -25,8 +28,7 @@ when verl's ``compute_advantage`` runs. This plugin therefore
 1. registers ``gepo`` with ``register_adv_est`` (so the name is known; called on its own it
    raises and says why);
 2. replaces ``verl.trainer.ppo.ray_trainer.compute_advantage`` as that module finishes
-   loading, before any trainer imports it by name (the legacy, v1 and separated trainers all
-   do): for ``gepo`` it runs verl's own ``compute_advantage`` with the base estimator, then
+   loading, before any trainer imports it by name (the legacy and v1 trainers do): for ``gepo`` it runs verl's own ``compute_advantage`` with the base estimator, then
    shapes ``advantages`` (and ``returns``, which verl's outcome estimators set equal) with one
    band update over the whole batch (verl computes advantages on the driver, on the whole
    batch: groups are ``non_tensor_batch['uid']``, wherever their rows sit);
@@ -36,8 +38,16 @@ when verl's ``compute_advantage`` runs. This plugin therefore
    atomically before verl writes the rest), and restores it when a run resumes from
    ``global_step_N``; a checkpoint without it is refused, since the band would restart.
 
-Modules are patched as they finish loading (an import hook), so importing ``verl`` costs what
-it does without the plugin; modules loaded before the plugin are patched when it installs.
+Modules are patched as they finish loading (an import hook); modules loaded before the plugin
+are patched when it installs. verl swallows a plugin's import error (it logs it at DEBUG
+level), and a run then only says the estimator is unknown:
+``VERL_USE_EXTERNAL_MODULES=gepo_xtuner.integrations.verl`` makes verl import it and raise.
+
+Not covered: the fully asynchronous trainer (``verl.experimental.fully_async_policy``) writes
+its own checkpoints, without the band (a resume there restarts it); v1's multi-turn sessions
+(``compute_advantage_for_multi_trajectories``) give every output of a session its own row in
+the base and in the group entropy, where verl's ``grpo`` scores the last output and copies it;
+v1's ``separate_async`` mode computes advantages per parameter-sync chunk, one band update each.
 """
 
 from __future__ import annotations
@@ -64,6 +74,8 @@ ESTIMATOR = 'gepo'
 #: The band, in each ``global_step_N`` checkpoint folder.
 STATE_FILE = 'gepo_state.json'
 _LOGPROB_SOURCES = ('auto', 'rollout', 'old')
+#: verl estimators whose inputs verl makes only when they are ``adv_estimator`` itself
+_NEEDS_OWN_INPUTS = ('remax', 'optimal_token_baseline', 'tir_optimal_token_baseline')
 #: Relative spread under which a response's token advantages count as one value.
 _CONSTANT_RTOL = 1e-5
 
@@ -101,6 +113,11 @@ class GEPOVerl:
 
     def __init__(self, base: str = 'grpo', logprobs: str = 'auto', **gepo: Any) -> None:
         base = _name(base)
+        if base in _NEEDS_OWN_INPUTS:
+            raise ValueError(
+                f'algorithm.gepo.base={base!r}: verl prepares its inputs only when it is the '
+                'run\'s adv_estimator; choose grpo, rloo, grpo_vectorized or '
+                'reinforce_plus_plus_baseline')
         if base in (ESTIMATOR, 'gae'):
             raise ValueError(
                 f'algorithm.gepo.base={base!r}: GEPO shapes one advantage per response, from an '
@@ -113,10 +130,10 @@ class GEPOVerl:
         self.settings = dict(base=base, logprobs=logprobs, **gepo)
         try:
             self.gepo = GEPOAdvantage(**gepo)
-        except TypeError as err:  # an unknown field
+        except TypeError as err:  # an unknown field, or a value of the wrong type
             raise ValueError(
                 f'algorithm.gepo: {err}; its fields are base, logprobs and GEPOAdvantage\'s '
-                '(alpha_low, alpha_high, beta_low, beta_high, gamma, eps)') from None
+                '(alpha_low, alpha_high, beta_low, beta_high, gamma, eps), numbers') from None
         self.state: EntropyThresholdState = self.gepo.init_state()
         self.last: AdvantageOutput | None = None
         self.pending_metrics: dict[str, float] = {}
@@ -205,9 +222,14 @@ class GEPOVerl:
             raise FileNotFoundError(
                 f'{folder} has no {STATE_FILE}: it was not written by a run with '
                 f'adv_estimator={ESTIMATOR}, and resuming would restart the entropy band; start '
-                'a new run from its weights (trainer.resume_mode=disable) instead')
+                'a new run from its weights instead (merge the actor checkpoint with '
+                'verl.model_merger, then actor_rollout_ref.model.path=...)')
         with open(path, encoding='utf-8') as f:
-            self.state.load_state_dict(json.load(f)['state'])
+            saved = json.load(f)
+        if saved.get('settings', self.settings) != self.settings:
+            raise ValueError(f'{path} was written with algorithm.gepo {saved["settings"]}, and '
+                             f'this run has {self.settings}: resume with the same settings')
+        self.state.load_state_dict(saved['state'])
 
 
 def _per_response(adv: Tensor, mask: Tensor) -> Tensor:
@@ -371,23 +393,33 @@ class _PatchingLoader(importlib.abc.Loader):
         self.loader.exec_module(module)
         self.patch(module)
 
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, is_package, ...
+        return getattr(self.loader, name)
+
 
 class _PatchingFinder(importlib.abc.MetaPathFinder):
     """Finds :data:`PATCHES`' modules with the other finders, patches them once loaded."""
 
+    def __init__(self) -> None:
+        self._finding: set[str] = set()
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         patch = PATCHES.get(name)
-        if patch is None:
+        if patch is None or name in self._finding:  # another finder asking the path again
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, 'find_spec'):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
-        return None
+        self._finding.add(name)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, 'find_spec'):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None:
+                        spec.loader = _PatchingLoader(spec.loader, patch)
+                    return spec
+            return None
+        finally:
+            self._finding.discard(name)
 
 
 def install() -> None:

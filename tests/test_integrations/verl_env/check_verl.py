@@ -151,6 +151,12 @@ def test_gepo_metrics_reach_verls_data_metrics_once():
     assert not [key for key in again if key.startswith('gepo/')]
 
 
+@pytest.mark.parametrize('base', ['remax', 'optimal_token_baseline'])
+def test_bases_whose_inputs_verl_makes_only_for_itself_are_refused(base):
+    with pytest.raises(ValueError, match='prepares its inputs only'):
+        compute_advantage(make_batch(0), adv_estimator='gepo', config=algorithm(base=base))
+
+
 @pytest.mark.parametrize('base', ['gae', 'gepo'])
 def test_token_level_and_circular_bases_are_refused(base):
     with pytest.raises(ValueError, match='one advantage per response'):
@@ -245,6 +251,23 @@ def test_save_then_resume_continues_with_the_same_band(tmp_path):
     assert plugin.runtime().state.state_dict() == saved['state']
     for want, got in zip(expected[2:], run_steps(resumed, [3, 4])):
         assert torch.equal(want, got)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    t = trainer(tmp_path)
+    run_steps(t, [1])
+    t._save_checkpoint()
+    plugin._reset_runtime()
+    other = trainer(tmp_path)
+    other.config.algorithm.gepo.gamma = 0.5
+    with pytest.raises(ValueError, match='resume with the same settings'):
+        other._load_checkpoint()
+
+
+def test_a_patched_module_keeps_its_loaders_other_methods():
+    loader = ray_trainer.__spec__.loader
+    assert isinstance(loader, plugin._PatchingLoader)
+    assert 'def compute_advantage' in loader.get_source('verl.trainer.ppo.ray_trainer')
 
 
 def test_resume_from_a_checkpoint_without_the_band_is_refused(tmp_path):
