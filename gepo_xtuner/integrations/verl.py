@@ -67,7 +67,7 @@ from torch import Tensor
 from ..advantage import AdvantageInputs, AdvantageOutput, EntropyThresholdState, GEPOAdvantage
 from ..ops.distributed import replicated_batch
 
-__all__ = ['ESTIMATOR', 'STATE_FILE', 'GEPOVerl', 'shape_batch', 'install', 'runtime']
+__all__ = ['ESTIMATOR', 'STATE_FILE', 'GEPOVerl', 'install', 'runtime']
 
 #: The estimator's name in ``algorithm.adv_estimator``.
 ESTIMATOR = 'gepo'
@@ -270,11 +270,6 @@ def runtime(config: Any = None) -> GEPOVerl:
 def _reset_runtime() -> None:
     global _RUNTIME
     _RUNTIME = None
-
-
-def shape_batch(data: Any, config: Any = None) -> Any:
-    """GEPO over the advantages already in ``data`` (see :meth:`GEPOVerl.__call__`)."""
-    return runtime(config)(data)
 
 
 def _estimator_called_alone(**kwargs: Any) -> Any:
