@@ -225,6 +225,8 @@ def _longest_files_first(items: list) -> None:
 
 # what a test module does that makes it an integration test: it starts processes (training
 # runs, tools, servers, sandboxes, ranks) or trains the tiny policy
+_DISK_NEEDED_GB = 5  # peak of the temporary directory during `make test`, with margin
+
 _INTEGRATION = re.compile(
     r'\b(subprocess|preloaded|Popen|multiprocessing|mp\.spawn|train_ranks|train\(|tiny_dir|'
     r'real_server|CodeReward|sandbox|ThreadingHTTPServer|uvicorn|smollm2_dir|tf5_deps|'
@@ -256,3 +258,18 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.get_closest_marker('gpu') is not None:
             item.add_marker(skip)
+
+
+def pytest_report_header(config) -> list[str]:
+    """The free space where the tests write, and a warning under :data:`_DISK_NEEDED_GB`.
+
+    Training runs write real checkpoints (the SmolLM2 run's with its optimizer state); a
+    full disk shows up as an ``OSError: [Errno 28]`` deep inside a checkpoint write."""
+    import shutil
+    import tempfile
+    free_gb = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+    line = f'disk: {free_gb:.1f} GiB free in {tempfile.gettempdir()}'
+    if free_gb < _DISK_NEEDED_GB:
+        line += (f' -- WARNING: the suite needs about {_DISK_NEEDED_GB} GiB at its peak; '
+                 'free some space (old pytest-of-* directories, work_dirs/ runs) or set TMPDIR')
+    return [line]
