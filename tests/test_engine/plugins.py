@@ -19,7 +19,7 @@ from mmengine.registry import HOOKS
 from gepo_xtuner.advantage import AdvantageShaper
 from gepo_xtuner.advantage.base import EntropyBand, Shaping
 from gepo_xtuner.registry import ADVANTAGES, REWARDS, ROLLOUT_BACKENDS
-from gepo_xtuner.rollout import HFRolloutBackend
+from gepo_xtuner.rollout import HFRolloutBackend, VLLMRolloutBackend
 
 from .fingerprint import weights_fingerprint
 
@@ -103,6 +103,29 @@ class RecordingRolloutBackend(HFRolloutBackend):
         row = dict(thread=threading.current_thread().name, before=before,
                    after=weights_fingerprint(self.model.state_dict()),
                    prompts=len(requests), seeded=params.seed is not None)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
+            f.write(json.dumps(row) + '\n')
+        return out
+
+
+#: the token ids whose logprobs identify the weights a vLLM server holds
+VLLM_PROBE = [1, 11, 4, 30, 7, 22, 9, 15, 2, 40, 13]
+
+
+@ROLLOUT_BACKENDS.register_module()
+class RecordingVLLMRolloutBackend(VLLMRolloutBackend):
+    """The vLLM backend, writing one JSON line per :meth:`generate` call to
+    ``$GEPO_TEST_GENERATE_LOG.<rank>``: the thread, and the server's logprobs of
+    :data:`VLLM_PROBE` at the start and at the end of the call (which weights it sampled
+    with; a push during the call would show as two different lists)."""
+
+    def generate(self, requests, params):
+        before = self.probe_logprobs(VLLM_PROBE)
+        out = super().generate(requests, params)
+        row = dict(thread=threading.current_thread().name, before=before,
+                   after=self.probe_logprobs(VLLM_PROBE), prompts=len(requests),
+                   seeded=params.seed is not None)
         rank = dist.get_rank() if dist.is_initialized() else 0
         with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
             f.write(json.dumps(row) + '\n')

@@ -2,7 +2,8 @@
 
 The in-process backend runs a real tiny model. The LMDeploy backend talks to LMDeploy's
 own API server code, run on CPU with a stand-in for its GPU engine
-(``lmdeploy_cpu_engine.py``); the contract checked is the client's side. A backend added to the registry must be
+(``lmdeploy_cpu_engine.py``); the contract checked is the client's side. The vLLM backend
+talks to a real ``vllm serve`` (vLLM's CPU build, its own engine) serving the same policy. A backend added to the registry must be
 added to ``MAKERS`` or this test fails.
 """
 
@@ -18,16 +19,29 @@ from .conftest import load_policy
 PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 20, 21, 22, 23, 30]]
 
 
-def hf(server, model_dir):
+def hf(request):
     return ROLLOUT_BACKENDS.build(dict(type='HFRolloutBackend'))
 
 
-def lmdeploy(server, model_dir):
+def lmdeploy(request):
+    server = request.getfixturevalue('real_server')
     return ROLLOUT_BACKENDS.build(dict(type='LMDeployRolloutBackend', server_url=server.url,
                                        weight_sync=dict(mode='none'), timeout_s=30.0))
 
 
-MAKERS = {'HFRolloutBackend': hf, 'LMDeployRolloutBackend': lmdeploy}
+def vllm(request):
+    server = request.getfixturevalue('vllm_server')
+    backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=server.url,
+                                          weight_sync=dict(mode='disk'), timeout_s=120.0))
+    # the session's server may hold weights another test pushed: the policy's first
+    model = load_policy(request.getfixturevalue('tiny_model_dir'))
+    backend.attach(*model)
+    backend.update_weights(model[0])
+    return backend
+
+
+MAKERS = {'HFRolloutBackend': hf, 'LMDeployRolloutBackend': lmdeploy,
+          'VLLMRolloutBackend': vllm}
 
 
 def test_every_registered_backend_is_checked():
@@ -35,8 +49,8 @@ def test_every_registered_backend_is_checked():
 
 
 @pytest.mark.parametrize('name', sorted(MAKERS))
-def test_contract(name, real_server, tiny_model_dir):
-    backend = MAKERS[name](real_server, tiny_model_dir)
+def test_contract(name, request, tiny_model_dir):
+    backend = MAKERS[name](request)
     assert isinstance(backend, RolloutBackend)
     model, tok = load_policy(tiny_model_dir)
     backend.attach(model, tok)
@@ -58,7 +72,7 @@ def test_contract(name, real_server, tiny_model_dir):
     backend.update_weights(model)  # every rank calls it; here: weights unchanged
     state = backend.state_dict()
     assert isinstance(state, dict)
-    fresh = MAKERS[name](real_server, tiny_model_dir)
+    fresh = MAKERS[name](request)
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
     backend.close()
@@ -66,11 +80,11 @@ def test_contract(name, real_server, tiny_model_dir):
 
 
 @pytest.mark.parametrize('name', sorted(MAKERS))
-def test_logprobs_are_at_the_declared_temperature(name, real_server, tiny_model_dir):
+def test_logprobs_are_at_the_declared_temperature(name, request, tiny_model_dir):
     """Sampled at temperature 0.7, a backend's logprobs are ``log_softmax(logits / t)`` of
     the teacher-forced policy with the ``t`` its ``logprob_temperature`` declares (the RL
     loop refuses off-policy corrections where ``t`` is not the sampling temperature)."""
-    backend = MAKERS[name](real_server, tiny_model_dir)
+    backend = MAKERS[name](request)
     model, tok = load_policy(tiny_model_dir)
     backend.attach(model, tok)
     params = SamplingParams(n=2, temperature=0.7, max_new_tokens=6, stop_token_ids=(EOS_ID, ))

@@ -41,6 +41,9 @@ def port_is_free(host: str, port: int) -> bool:
 class LMDeployServerProcess:
     """One API server in its own process group, its output in a log file.
 
+    Subclasses for other engines override :meth:`argv` and :attr:`ENGINE` (the name in
+    messages); the process handling is the same.
+
     The default command is::
 
         PYTHON SERVE_ENTRY serve api_server MODEL_PATH --server-name HOST --server-port PORT
@@ -98,6 +101,9 @@ class LMDeployServerProcess:
         self._argv: list[str] = []
         self._atexit_registered = False
 
+    #: the engine's name in messages
+    ENGINE = 'LMDeploy'
+
     @property
     def url(self) -> str:
         return f'http://{self.host}:{self.port}'
@@ -121,16 +127,16 @@ class LMDeployServerProcess:
             TimeoutError: not healthy within ``startup_timeout_s`` (the process is stopped).
         """
         if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError(f'the LMDeploy server at {self.url} is already running')
+            raise RuntimeError(f'the {self.ENGINE} server at {self.url} is already running')
         if self.port == 0:
             self.port = free_port(self.host)
         elif not port_is_free(self.host, self.port):
             # Else a server left over from an earlier run would answer our health checks.
-            raise RuntimeError(f'port {self.port} on {self.host} is already in use (an LMDeploy '
-                               'server left from an earlier run?); stop that process or set '
-                               'another launch.port')
+            raise RuntimeError(f'port {self.port} on {self.host} is already in use (a '
+                               f'{self.ENGINE} server left from an earlier run?); stop that '
+                               'process or set another launch.port')
         if self.log_file is None:
-            fd, name = tempfile.mkstemp(prefix='lmdeploy_server_', suffix='.log')
+            fd, name = tempfile.mkstemp(prefix=f'{self.ENGINE.lower()}_server_', suffix='.log')
             os.close(fd)
             self.log_file = Path(name)
         argv = self._argv = self.argv(model_path)
@@ -155,8 +161,8 @@ class LMDeployServerProcess:
                 if code is not None:
                     self.stop()  # workers it forked may still run
                     raise RuntimeError(
-                        f'the LMDeploy server ({" ".join(self._argv)}) exited with code {code} '
-                        f'during startup; log {self.log_file}:\n{self.log_tail()}')
+                        f'the {self.ENGINE} server ({" ".join(self._argv)}) exited with code '
+                        f'{code} during startup; log {self.log_file}:\n{self.log_tail()}')
                 try:
                     if client.get(f'{self.url}/health').status_code == 200:
                         return
@@ -165,7 +171,7 @@ class LMDeployServerProcess:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise TimeoutError(
-                        f'the LMDeploy server at {self.url} was not healthy after '
+                        f'the {self.ENGINE} server at {self.url} was not healthy after '
                         f'{self.startup_timeout_s:.0f} s (launch.startup_timeout_s); log '
                         f'{self.log_file}:\n{self.log_tail()}')
                 time.sleep(0.2)

@@ -1,0 +1,138 @@
+"""vLLM's OpenAI-compatible ``POST /v1/completions`` with token ids: request bodies and answers.
+
+Pure functions (no network). What the server does with them, read from vLLM 0.32's
+``vllm/entrypoints/openai/completion/protocol.py`` and checked against a running
+``vllm serve`` in ``tests/test_rollout/test_vllm_backend.py``:
+
+* ``prompt`` may be a list of token ids; ``n`` responses to it come in one answer
+  (``choices[i].index`` in ``0..n-1``), so a group is one request and never mixes
+  servers or weight versions.
+* ``return_token_ids=true`` puts the generated ids in ``choices[i].token_ids``; a stop
+  token that ended the response (EOS or one of ``stop_token_ids``) is among them, and
+  ``finish_reason`` is ``'stop'``; ``'length'`` means ``max_tokens`` were generated.
+* ``logprobs=0`` returns the sampled token's log-probability per generated token in
+  ``choices[i].logprobs.token_logprobs``. Which distribution that is, is the server's
+  ``--logprobs-mode``: ``raw_logprobs`` (vLLM's default) is ``log_softmax`` of the raw
+  logits, before temperature, penalties, top-k and top-p, which is what
+  :meth:`~gepo_xtuner.rollout.base.RolloutBackend.logprob_temperature` declares (1).
+* Unset sampling fields take the model's ``generation_config.json`` defaults unless the
+  server runs with ``--generation-config vllm``; every field that changes the
+  distribution is sent, so the server samples exactly the policy the trainer scores.
+* ``seed`` makes a request's samples reproducible; vLLM derives the ``n`` children's
+  streams from it.
+* ``prompt_logprobs=0`` with ``max_tokens=1`` scores a fixed sequence (the weight-push
+  probe): ``choices[0].prompt_logprobs[t]`` maps the token at ``t`` to its logprob
+  (``None`` at ``t = 0``).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..base import RolloutRequest, RolloutSample, SamplingParams
+
+
+class VLLMProtocolError(ValueError):
+    """An answer that does not hold what was asked (the message says what is missing)."""
+
+
+def build_completion_payload(model: str, request: RolloutRequest, params: SamplingParams,
+                             seed: int | None) -> dict[str, Any]:
+    """The ``/v1/completions`` body that samples ``params.n`` responses to ``request``.
+
+    Args:
+        model: the served model name (``GET /v1/models``).
+        seed: the request's seed, or None for the server's random source.
+    """
+    if request.images:
+        raise VLLMProtocolError('VLLMRolloutBackend sends token ids only; prompts with images '
+                                'are not supported (use LMDeployRolloutBackend for them)')
+    payload: dict[str, Any] = {
+        'model': model,
+        'prompt': [int(t) for t in request.input_ids],
+        'n': params.n,
+        'max_tokens': params.max_new_tokens,
+        'temperature': params.temperature,
+        'top_p': params.top_p if params.temperature > 0 else 1.0,
+        'top_k': params.top_k if params.top_k > 0 and params.temperature > 0 else -1,
+        'min_p': 0.0,
+        'repetition_penalty': 1.0,
+        'presence_penalty': 0.0,
+        'frequency_penalty': 0.0,
+        'logprobs': 0,
+        'return_token_ids': True,
+        'skip_special_tokens': False,
+        'stop_token_ids': [int(t) for t in params.stop_token_ids],
+        'ignore_eos': False,
+    }
+    if seed is not None:
+        payload['seed'] = int(seed)
+    payload.update(request.extra)
+    return payload
+
+
+def parse_completion(body: Any, params: SamplingParams) -> list[RolloutSample]:
+    """The ``params.n`` samples of one ``/v1/completions`` answer, in ``index`` order.
+
+    Raises:
+        VLLMProtocolError: fewer or more choices than ``n``, a choice without token ids or
+            logprobs, logprobs and ids of different lengths, a ``'length'`` answer shorter
+            than ``max_tokens``, an empty response, or an unknown ``finish_reason``
+            (e.g. ``'abort'``): never a partial group.
+    """
+    choices = body.get('choices') if isinstance(body, dict) else None
+    if not isinstance(choices, list):
+        raise VLLMProtocolError(f'no "choices" list in the answer: {str(body)[:300]}')
+    if sorted(c.get('index', -1) for c in choices) != list(range(params.n)):
+        raise VLLMProtocolError(f'asked for n={params.n} responses, the answer has choices '
+                                f'{sorted(c.get("index") for c in choices)}')
+    samples = []
+    for choice in sorted(choices, key=lambda c: c['index']):
+        ids = choice.get('token_ids')
+        logprobs = (choice.get('logprobs') or {}).get('token_logprobs')
+        if not isinstance(ids, list) or not isinstance(logprobs, list):
+            raise VLLMProtocolError(
+                f'choice {choice["index"]} lacks token_ids or logprobs.token_logprobs (sent '
+                'return_token_ids=true and logprobs=0; vLLM older than 0.10 ignores the first)')
+        if len(ids) != len(logprobs) or not ids:
+            raise VLLMProtocolError(f'choice {choice["index"]}: {len(ids)} token ids and '
+                                    f'{len(logprobs)} logprobs')
+        reason = choice.get('finish_reason')
+        if reason == 'length' and len(ids) != params.max_new_tokens:
+            raise VLLMProtocolError(f'choice {choice["index"]} ended for length after '
+                                    f'{len(ids)} tokens, asked for {params.max_new_tokens}')
+        if reason not in ('stop', 'length'):
+            raise VLLMProtocolError(f'choice {choice["index"]} ended with finish_reason '
+                                    f'{reason!r} (aborted or failed on the server)')
+        if any(lp is None for lp in logprobs):
+            raise VLLMProtocolError(f'choice {choice["index"]} has a null logprob')
+        samples.append(RolloutSample([int(t) for t in ids], [float(x) for x in logprobs],
+                                     reason))
+    return samples
+
+
+def build_probe_payload(model: str, ids: Sequence[int]) -> dict[str, Any]:
+    """The body that scores ``ids`` under the server's weights (``prompt_logprobs``)."""
+    return {'model': model, 'prompt': [int(t) for t in ids], 'max_tokens': 1,
+            'temperature': 0.0, 'prompt_logprobs': 0, 'return_token_ids': True}
+
+
+def parse_probe(body: Any, ids: Sequence[int]) -> list[float]:
+    """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` from a probe answer.
+
+    Raises:
+        VLLMProtocolError: no ``prompt_logprobs``, or one that misses a probe token.
+    """
+    try:
+        table = body['choices'][0]['prompt_logprobs']
+    except (KeyError, IndexError, TypeError):
+        raise VLLMProtocolError(f'no prompt_logprobs in the answer: {str(body)[:300]}') from None
+    if not isinstance(table, list) or len(table) != len(ids):
+        raise VLLMProtocolError(f'prompt_logprobs has {len(table or [])} entries for '
+                                f'{len(ids)} probe tokens')
+    out = []
+    for t in range(1, len(ids)):
+        entry = (table[t] or {}).get(str(int(ids[t])))
+        if not isinstance(entry, dict) or entry.get('logprob') is None:
+            raise VLLMProtocolError(f'prompt_logprobs[{t}] lacks token {ids[t]}')
+        out.append(float(entry['logprob']))
+    return out

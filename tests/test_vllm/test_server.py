@@ -1,0 +1,256 @@
+"""``VLLMRolloutBackend`` against a real ``vllm serve`` (vLLM 0.32's CPU build, its own
+engine and kernels) serving the tiny policy in float32: generation, weight pushes proven by
+logprob probes, and faults. The server is the session's (``vllm_server`` in
+``tests/conftest.py``); each test that needs particular weights in it pushes them first."""
+
+import json
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+import torch
+
+from gepo_xtuner.registry import ROLLOUT_BACKENDS
+from gepo_xtuner.rollout import RolloutRequest, SamplingParams, VLLMServerError
+from gepo_xtuner.rollout.lmdeploy.weights import save_weights
+from gepo_xtuner.rollout.vllm.protocol import build_completion_payload
+from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
+from gepo_xtuner.testbed.tiny import EOS_ID
+
+from ..test_rollout.conftest import load_policy
+
+PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 20, 21, 22, 23, 30], [1, 3]]
+PROBE = [1, 11, 4, 30, 7, 22, 9, 15, 2, 40, 13]
+
+
+def backend_for(url, **kw):
+    kw.setdefault('weight_sync', dict(mode='disk'))
+    kw.setdefault('timeout_s', 120.0)
+    return ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=url, **kw))
+
+
+def trainer_logprobs(model, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def probe_gap(backend, model):
+    return (torch.tensor(backend.probe_logprobs(PROBE)) - trainer_logprobs(model, PROBE)
+            ).abs().max().item()
+
+
+def perturb(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+@pytest.fixture
+def policy(vllm_server, tiny_model_dir):
+    """The tiny policy and a backend attached to the session's server, which holds the
+    policy's weights (pushed) on entry."""
+    model, tok = load_policy(tiny_model_dir)
+    backend = backend_for(vllm_server.url)
+    backend.attach(model, tok)
+    backend.update_weights(model)
+    yield model, backend
+    backend.close()
+
+
+def test_each_push_gives_the_server_the_trainers_logprobs(policy):
+    """After every push the server's logprobs of a fixed probe, and of responses it sampled,
+    equal the trainer's under the new weights (float32 on both sides: rounding only); a
+    step whose push is skipped leaves a gap that the probe shows."""
+    model, backend = policy
+    assert probe_gap(backend, model) < 1e-4
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=8, stop_token_ids=(EOS_ID,))
+    for step in range(3):
+        perturb(model, step)
+        assert probe_gap(backend, model) > 1e-2, step  # the server still has the old weights
+        backend.update_weights(model)
+        assert probe_gap(backend, model) < 1e-4, step
+        for prompt, group in zip(PROMPTS, backend.generate([RolloutRequest(p) for p in PROMPTS],
+                                                           params)):
+            for s in group:
+                expected = trainer_logprobs(model, prompt + s.response_ids)[len(prompt) - 1:]
+                assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0)
+    assert backend.state_dict()['num_updates'] == 4
+
+
+def test_a_push_the_probe_disproves_is_refused(policy, vllm_server):
+    """vLLM's own in-place reload (``weight_sync.reload='vllm'``) on the CPU build leaves the
+    tied ``lm_head``'s packed matrix on the old weights: the sampled tokens change, the
+    logprobs are wrong. With ``probe_tolerance`` that push is refused, naming the gap; the
+    backend's own reload (the default) passes the same check. The first half fails once vLLM
+    reloads tied heads itself, which is worth knowing."""
+    model, _ = policy
+    strict = {'mode': 'disk', 'probe_tolerance': 1e-4}
+    plain = backend_for(vllm_server.url, weight_sync=dict(strict, reload='vllm'))
+    plain.attach(model, None)
+    perturb(model, 7)
+    with pytest.raises(VLLMServerError, match=r'differ from the trainer.s by up to .*'
+                                              r'probe_tolerance=0.0001.*not run the weights'):
+        plain.update_weights(model)
+    assert probe_gap(plain, model) > 0.05
+    plain.close()
+
+    own = backend_for(vllm_server.url, weight_sync=strict)
+    own.attach(model, None)
+    own.update_weights(model)
+    assert own.pop_metrics()['rollout/probe_abs_diff'] < 1e-4
+    own.close()
+
+
+def test_seeded_groups_are_reproducible_and_resume_where_they_left(policy, vllm_server):
+    """With ``sampling.seed`` request ``r`` of the run is sampled with ``seed + r``: the same
+    requests give the same groups from a fresh backend, the next call other ones, and a
+    backend restored from :meth:`state_dict` continues the sequence."""
+    model, backend = policy
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, stop_token_ids=(EOS_ID,),
+                            seed=123)
+    requests = [RolloutRequest(p) for p in PROMPTS]
+    ids = lambda groups: [[s.response_ids for s in g] for g in groups]  # noqa: E731
+    first, second = ids(backend.generate(requests, params)), ids(backend.generate(requests,
+                                                                                  params))
+    assert first != second
+    assert any(len({tuple(r) for r in group}) > 1 for group in first)  # K different samples
+    again = backend_for(vllm_server.url)
+    assert ids(again.generate(requests, params)) == first
+    resumed = backend_for(vllm_server.url)
+    resumed.load_state_dict(again.state_dict())
+    assert ids(resumed.generate(requests, params)) == second
+    for b in (again, resumed):
+        b.close()
+
+
+def test_the_payload_is_valid_for_vllms_own_request_model(vllm_env):
+    """The body the backend sends, read by vLLM 0.32's ``CompletionRequest`` (in vLLM's
+    environment): every distribution field arrives as sent, nothing is dropped."""
+    params = SamplingParams(n=3, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=6,
+                            stop_token_ids=(EOS_ID,), seed=4)
+    body = build_completion_payload('policy', RolloutRequest([1, 5, 9]), params, seed=9)
+    script = (
+        'import json, sys\n'
+        'from vllm.entrypoints.openai.completion.protocol import CompletionRequest\n'
+        'r = CompletionRequest.model_validate(json.loads(sys.argv[1]))\n'
+        'sp = r.to_sampling_params(max_tokens=r.max_tokens, default_sampling_params={})\n'
+        'print(json.dumps({k: getattr(sp, k) for k in ("n", "temperature", "top_p", "top_k",'
+        ' "min_p", "seed", "max_tokens", "logprobs", "repetition_penalty", "stop_token_ids",'
+        ' "presence_penalty", "frequency_penalty")}))\n')
+    proc = subprocess.run([str(vllm_env / 'bin' / 'python'), '-c', script, json.dumps(body)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == dict(n=3, temperature=0.7, top_p=0.9, top_k=5, min_p=0.0, seed=9,
+                       max_tokens=6, logprobs=0, repetition_penalty=1.0,
+                       stop_token_ids=[EOS_ID], presence_penalty=0.0, frequency_penalty=0.0)
+
+
+class _Proxy:
+    """A loopback HTTP proxy to the real server that answers ``alive`` requests and then
+    drops every connection unanswered, as a server that dies mid-batch; with ``delay_s``,
+    it holds each generation that long first, as a slow server."""
+
+    def __init__(self, target: str, alive: int = 10**9, delay_s: float = 0.0):
+        proxy = self
+        self.target, self.left, self.delay_s = target, alive, delay_s
+        self.lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _forward(self, method):
+                with proxy.lock:
+                    proxy.left -= 1
+                    dead = proxy.left < 0
+                if dead:
+                    self.connection.close()  # no answer: the client sees the connection drop
+                    return
+                if self.path == '/v1/completions':
+                    time.sleep(proxy.delay_s)
+                length = int(self.headers.get('Content-Length') or 0)
+                resp = httpx.request(method, proxy.target + self.path, timeout=120,
+                                     content=self.rfile.read(length) if length else None,
+                                     headers={'Content-Type': 'application/json'})
+                self.send_response(resp.status_code)
+                self.send_header('Content-Type', 'application/json')
+                self.send_header('Content-Length', str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+            def do_GET(self):
+                self._forward('GET')
+
+            def do_POST(self):
+                self._forward('POST')
+
+        self.server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.server.server_address[1]}'
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_server_that_dies_mid_batch_fails_over_or_fails_clearly(policy, vllm_server):
+    """Two servers, one of which stops answering after a few groups: every group still comes
+    back whole (the dead server's requests go to the other) and the dead one is out. Alone,
+    the same death is an error naming the server, not a short batch."""
+    model, _ = policy
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, stop_token_ids=(EOS_ID,))
+    requests = [RolloutRequest(p) for p in PROMPTS * 4]
+    dying = _Proxy(vllm_server.url, alive=4)  # health, /v1/models, then two groups
+    pair = backend_for([dying.url, vllm_server.url], max_retries=0, max_concurrency=2,
+                       weight_sync=dict(mode='none'))
+    pair.attach(model, None)
+    groups = pair.generate(requests, params)
+    assert len(groups) == len(requests) and all(len(g) == 3 for g in groups)
+    metrics = pair.pop_metrics()
+    assert metrics['rollout/server/0/taken_out'] == 1 and metrics['rollout/servers_ready'] == 1
+    assert metrics['rollout/server/1/requests'] >= len(requests) - 2
+    pair.close()
+
+    alone_proxy = _Proxy(vllm_server.url, alive=3)
+    alone = backend_for(alone_proxy.url, max_retries=0, weight_sync=dict(mode='none'))
+    alone.attach(model, None)
+    with pytest.raises(VLLMServerError, match=alone_proxy.url):
+        alone.generate(requests, params)
+    alone.close()
+    for proxy in (dying, alone_proxy):
+        proxy.close()
+
+
+def test_a_server_that_refuses_the_model_fails_the_launch_with_its_log(vllm_env, tmp_path):
+    """A model directory vLLM cannot load: the launch fails with the exit code and the
+    server's own error from its log."""
+    bad = tmp_path / 'model'
+    bad.mkdir()
+    (bad / 'config.json').write_text(json.dumps({'model_type': 'no_such_architecture'}))
+    server = VLLMServerProcess(model_path=str(bad), python=str(vllm_env / 'bin' / 'python'),
+                               port=0, max_model_len=64, startup_timeout_s=600,
+                               log_file=str(tmp_path / 'server.log'))
+    with pytest.raises(RuntimeError, match=r'the vLLM server \(.*\) exited with code') as e:
+        server.start()
+    assert 'Traceback' in str(e.value) or 'Error' in str(e.value)
+    assert server.proc is None
+
+
+def test_a_slow_server_is_an_error_that_names_the_wait(policy, vllm_server):
+    """Answers later than ``timeout_s``: the request fails with the address and the wait,
+    never a short group."""
+    model, _ = policy
+    proxy = _Proxy(vllm_server.url, delay_s=3.0)
+    slow = backend_for(proxy.url, timeout_s=1.0, max_retries=0, weight_sync=dict(mode='none'))
+    slow.attach(model, None)
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4)
+    with pytest.raises(VLLMServerError, match=f'{proxy.url}.*no answer within 1'):
+        slow.generate([RolloutRequest(p) for p in PROMPTS[:1]], params)
+    slow.close()
+    proxy.close()
