@@ -16,6 +16,10 @@ Setups (``--setup``):
   8 responses of at most 20 tokens, 6 passes of one optimizer step over each batch) is
   sized so that generation and the update take about the same time; each run prints its
   median stage times to show it.
+* ``vllm``: a real ``vllm serve`` (vLLM's CPU build from ``make vllm-env``, the command
+  ``VLLMRolloutBackend`` launches) pinned to core 0 with its engine bound there, the
+  trainer on core 1 at one thread; the lmdeploy setup's workload; weights pushed in place
+  after every step through ``/dev/shm`` (``weight_sync`` mode ``'disk'``).
 * ``hf``: the in-process backend on the demo workload (``configs/gepo_tiny_cpu.py``:
   64 prompts x 8 responses, 20 new tokens at most). The synchronous loop at one thread,
   the synchronous loop at two threads (all the machine, in turn) and the overlapped loop
@@ -25,6 +29,7 @@ Usage::
 
     python benchmarks/bench_async.py                   # both setups, 2 rounds of 6 steps
     python benchmarks/bench_async.py --setup hf --steps 8 --rounds 3
+    python benchmarks/bench_async.py --setup vllm      # needs make vllm-env
 """
 
 import argparse
@@ -161,13 +166,49 @@ def bench_lmdeploy(tiny: Path, work: Path, steps: int, rounds: int, batch: int,
         log.close()
 
 
+def bench_vllm(tiny: Path, work: Path, steps: int, rounds: int, batch: int,
+                new_tokens: int, epochs: int, python: str) -> None:
+    from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
+    port = free_port()
+    spec = VLLMServerProcess(str(tiny / 'model'), port=port, python=python, max_model_len=128,
+                             dtype='float32', kv_cache_gib=1, log_file=str(work / 'vllm.log'),
+                             env={'VLLM_CPU_OMP_THREADS_BIND': '0'})
+    server = VLLMServerProcess(str(tiny / 'model'), port=port, python=python,
+                               log_file=str(work / 'vllm.log'), env=spec.env,
+                               command=pinned('0') + spec.argv())
+    server.start()
+    try:
+        config = work / 'vllm_cfg.py'
+        config.write_text(
+            f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
+            "train_cfg = dict(rollout=dict(_delete_=True, type='VLLMRolloutBackend', "
+            f"server_url='{server.url}', timeout_s=600, weight_sync=dict(mode='disk')))\n")
+        common = [f'train_cfg.max_steps={steps + 1}', f'train_dataloader.batch_size={batch}',
+                  f'train_cfg.sampling.max_new_tokens={new_tokens}',
+                  f'train_cfg.minibatch_responses_per_rank={batch * 8}',
+                  f'train_cfg.ppo_epochs={epochs}']
+        times: dict[str, list[float]] = {'sync': [], 'async': []}
+        for _ in range(rounds):
+            for name, s in (('sync', 0), ('async', 1)):
+                times[name] += run(f'vllm_{name}', tiny, work,
+                                   common + [f'train_cfg.max_staleness={s}'],
+                                   threads=1, cores='1', config=config)
+        report(times, 'sync', 'async', 'vllm')
+    finally:
+        server.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--setup', nargs='+', choices=('lmdeploy', 'hf'), default=['lmdeploy', 'hf'])
+    p.add_argument('--setup', nargs='+', choices=('lmdeploy', 'vllm', 'hf'),
+                   default=['lmdeploy', 'hf'])
+    p.add_argument('--vllm-python', default=str(ROOT / 'work_dirs' / 'vllm_env' / 'bin' / 'python'),
+                   help='the interpreter of make vllm-env')
     p.add_argument('--steps', type=int, default=6, help='timed steps per run (after one)')
     p.add_argument('--rounds', type=int, default=2, help='alternated runs per variant')
     p.add_argument('--tiny-dir', help='default: $GEPO_TINY_DIR or work_dirs/tiny_cpu')
-    p.add_argument('--lmdeploy-prompts', type=int, default=16, help='B of the lmdeploy setup')
+    p.add_argument('--lmdeploy-prompts', type=int, default=16,
+                   help='B of the lmdeploy and vllm setups')
     p.add_argument('--lmdeploy-new-tokens', type=int, default=20)
     p.add_argument('--lmdeploy-epochs', type=int, default=6,
                    help='ppo_epochs of the lmdeploy setup: sizes the update to the generation')
@@ -182,6 +223,9 @@ def main() -> None:
     if 'lmdeploy' in a.setup:
         bench_lmdeploy(tiny, work, a.steps, a.rounds, a.lmdeploy_prompts, a.lmdeploy_new_tokens,
                        a.lmdeploy_epochs)
+    if 'vllm' in a.setup:
+        bench_vllm(tiny, work, a.steps, a.rounds, a.lmdeploy_prompts, a.lmdeploy_new_tokens,
+                   a.lmdeploy_epochs, a.vllm_python)
     if 'hf' in a.setup:
         bench_hf(tiny, work, a.steps, a.rounds)
     print(f'total wall time {time.time() - start:.0f}s; load average '

@@ -202,6 +202,13 @@ class RolloutBackend(abc.ABC):
             raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '
                              f'generate while the trainer updates: {refusal}')
 
+    def abort(self) -> None:
+        """Cancels a :meth:`generate` running on another thread, as far as the backend can
+        (the step that wanted its batch failed, :meth:`RolloutAhead.discard
+        <gepo_xtuner.engine.step.overlap.RolloutAhead.discard>`); that call then returns or
+        raises soon. The backend is closed for generation afterwards. Nothing by default:
+        the call runs to its end."""
+
     def pop_metrics(self) -> dict[str, float]:
         """Figures since the last call (e.g. ``rollout/server/<i>/...``), then reset."""
         return {}

@@ -254,3 +254,39 @@ def test_a_slow_server_is_an_error_that_names_the_wait(policy, vllm_server):
         slow.generate([RolloutRequest(p) for p in PROMPTS[:1]], params)
     slow.close()
     proxy.close()
+
+
+def test_abort_cancels_the_groups_in_flight_on_the_server(policy, vllm_server):
+    """The step that wanted a batch failed (``RolloutAhead.discard``): ``abort`` stops the
+    generation running on another thread at the server, whose running requests drop to
+    none, and the call raises instead of returning a batch."""
+    model, backend = policy
+
+    def running() -> float:
+        text = httpx.get(f'{vllm_server.url}/metrics', timeout=10).text
+        return sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()
+                   if line.startswith('vllm:num_requests_running{'))
+
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=100)
+    requests = [RolloutRequest([1, 5, 9], extra={'ignore_eos': True}) for _ in range(64)]
+    outcome = {}
+
+    def work():
+        try:
+            outcome['groups'] = backend.generate(requests, params)
+        except VLLMServerError as e:
+            outcome['error'] = str(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while running() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() > 0
+    backend.abort()
+    thread.join(30)
+    assert not thread.is_alive() and 'groups' not in outcome
+    assert 'generation aborted' in outcome['error']
+    assert running() == 0
+    with pytest.raises(VLLMServerError, match='was aborted'):
+        backend.generate(requests[:1], params)

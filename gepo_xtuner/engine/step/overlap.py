@@ -243,9 +243,12 @@ class RolloutAhead:
         return (None, reason) if reason else (pending, None)
 
     def discard(self) -> None:
-        """Joins a running worker and drops its batch and any error (the step that would
-        take it failed): no generation is left running behind an exception."""
+        """Cancels (:meth:`RolloutBackend.abort`) and joins a running worker and drops its
+        batch and any error (the step that would take it failed): no generation is left
+        running behind an exception."""
         if self._thread is not None:
+            if self._thread.is_alive():
+                self.backend.abort()
             self._thread.join()
         self._thread, self._job, self.pending, self._restored = None, {}, None, False
 

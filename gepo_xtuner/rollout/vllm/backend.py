@@ -7,6 +7,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import torch
 from torch import nn
 
@@ -136,6 +137,7 @@ class VLLMRolloutBackend(RolloutBackend):
         self._probe_ids: list[int] | None = None
         self._pool: ServerPool | None = None
         self._own_dir: str | None = None  # the default shared_dir, made at the first push
+        self._aborted = False
 
     @property
     def url(self) -> str:
@@ -151,6 +153,9 @@ class VLLMRolloutBackend(RolloutBackend):
         self._ensure_server()
 
     def _ensure_server(self) -> None:
+        if self._aborted:
+            raise VLLMServerError('this VLLMRolloutBackend was aborted (its step failed); build '
+                                  'a new one to generate again')
         if self._pool is not None:
             return
         if self.server is not None:
@@ -189,6 +194,24 @@ class VLLMRolloutBackend(RolloutBackend):
             shutil.rmtree(self._own_dir, ignore_errors=True)
             self._own_dir = None
 
+    def abort(self) -> None:
+        """Cancels the groups in flight: no new request starts (the connections close) and
+        each server aborts every request it runs (``POST /abort_requests``: a server this
+        run uses alone, as training servers are). A :meth:`generate` running on another
+        thread then raises soon; later ones raise too."""
+        self._aborted = True
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        pool.close()
+        for s in pool.servers:
+            try:
+                httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
+                           headers=None if self.api_key is None else
+                           {'Authorization': f'Bearer {self.api_key}'})
+            except httpx.HTTPError:
+                pass  # a dead server runs nothing
+
     def logprob_temperature(self, params: SamplingParams) -> float:
         """1: the servers run with ``--logprobs-mode raw_logprobs`` (``log_softmax`` of
         the raw logits, before the sampling temperature)."""
@@ -226,17 +249,24 @@ class VLLMRolloutBackend(RolloutBackend):
         payloads = [build_completion_payload(
             self.model_name, r, params, None if params.seed is None else params.seed + first + i)
             for i, r in enumerate(requests)]
+        pool = self._pool
         try:
-            return self._pool.map(lambda http, body: parse_completion(
+            return pool.map(lambda http, body: parse_completion(
                 http.request('POST', '/v1/completions', json=body), params), payloads,
                 size=lambda group: sum(len(s.response_ids) for s in group))
-        except ServerRequestError as e:
-            raise VLLMServerError(self._explain(e)) from e
-        except NoServerError as e:
-            raise VLLMServerError(f'{e}\nCheck that the servers run and that this machine '
-                                  'reaches them (curl URL/health).') from e
-        except VLLMProtocolError as e:
-            raise VLLMServerError(f'vLLM server {self.url}, POST /v1/completions: {e}') from e
+        except Exception as e:
+            if self._aborted:  # whatever the cancelled requests raised
+                raise VLLMServerError(f'generation aborted (VLLMRolloutBackend.abort): {e}') \
+                    from e
+            if isinstance(e, ServerRequestError):
+                raise VLLMServerError(self._explain(e)) from e
+            if isinstance(e, NoServerError):
+                raise VLLMServerError(f'{e}\nCheck that the servers run and that this machine '
+                                      'reaches them (curl URL/health).') from e
+            if isinstance(e, VLLMProtocolError):
+                raise VLLMServerError(f'vLLM server {self.url}, POST /v1/completions: {e}') \
+                    from e
+            raise
 
     def probe_logprobs(self, ids: Sequence[int], server: int = 0) -> list[float]:
         """The server's ``log p(ids[t] | ids[:t])``, ``t >= 1``, under its current weights."""
