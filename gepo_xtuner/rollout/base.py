@@ -206,8 +206,8 @@ class RolloutBackend(abc.ABC):
         """Cancels a :meth:`generate` running on another thread, as far as the backend can
         (the step that wanted its batch failed, :meth:`RolloutAhead.discard
         <gepo_xtuner.engine.step.overlap.RolloutAhead.discard>`); that call then returns or
-        raises soon. The backend is closed for generation afterwards. Nothing by default:
-        the call runs to its end."""
+        raises soon, and a backend that cancels takes no further generation. Nothing by
+        default: the call runs to its end."""
 
     def pop_metrics(self) -> dict[str, float]:
         """Figures since the last call (e.g. ``rollout/server/<i>/...``), then reset."""

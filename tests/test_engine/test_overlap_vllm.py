@@ -17,8 +17,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gepo_xtuner.registry import ROLLOUT_BACKENDS
-
 from .conftest import scalars, train, write_config
 from .plugins import VLLM_PROBE
 
@@ -36,11 +34,7 @@ def probe(model) -> torch.Tensor:
 def overlapped(vllm_server, tiny_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp('overlap_vllm')
     start = AutoModelForCausalLM.from_pretrained(tiny_dir / 'model', torch_dtype=torch.float32)
-    reset = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=vllm_server.url,
-                                        weight_sync=dict(mode='disk')))
-    reset.attach(start, None)
-    reset.update_weights(start)  # the run starts from the weights the server holds
-    reset.close()
+    # the session's server may hold other weights: the run's attach pushes its own first
     log = tmp / 'generate.log'
     cfg = write_config(tmp, extra=f"""
         train_cfg = dict(rollout=dict(_delete_=True, type='RecordingVLLMRolloutBackend',

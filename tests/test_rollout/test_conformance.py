@@ -2,8 +2,9 @@
 
 The in-process backend runs a real tiny model. The LMDeploy backend talks to LMDeploy's
 own API server code, run on CPU with a stand-in for its GPU engine
-(``lmdeploy_cpu_engine.py``); the contract checked is the client's side. The vLLM backend
-talks to a real ``vllm serve`` (vLLM's CPU build, its own engine) serving the same policy. A backend added to the registry must be
+(``lmdeploy_cpu_engine.py``); the contract checked is the client's side. The vLLM
+backend talks to a real ``vllm serve`` (vLLM's CPU build, its own engine) serving the same
+policy. A backend added to the registry must be
 added to ``MAKERS`` or this test fails.
 """
 
@@ -31,13 +32,9 @@ def lmdeploy(request):
 
 def vllm(request):
     server = request.getfixturevalue('vllm_server')
-    backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=server.url,
-                                          weight_sync=dict(mode='disk'), timeout_s=120.0))
-    # the session's server may hold weights another test pushed: the policy's first
-    model = load_policy(request.getfixturevalue('tiny_model_dir'))
-    backend.attach(*model)
-    backend.update_weights(model[0])
-    return backend
+    # mode 'disk': attach pushes the policy's weights (the session's server may hold others)
+    return ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=server.url,
+                                       weight_sync=dict(mode='disk'), timeout_s=120.0))
 
 
 MAKERS = {'HFRolloutBackend': hf, 'LMDeployRolloutBackend': lmdeploy,

@@ -10,6 +10,8 @@ import pytest
 
 from gepo_xtuner.registry import ROLLOUT_BACKENDS
 from gepo_xtuner.rollout import RolloutRequest, SamplingParams
+from gepo_xtuner.rollout.vllm import start_command
+from gepo_xtuner.rollout.vllm.backend import request_seed
 from gepo_xtuner.rollout.vllm.protocol import (
     VLLMProtocolError,
     build_completion_payload,
@@ -17,6 +19,7 @@ from gepo_xtuner.rollout.vllm.protocol import (
     parse_completion,
     parse_probe,
 )
+from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
 
 PARAMS = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=3,
                         stop_token_ids=(2, 9))
@@ -42,6 +45,30 @@ def test_the_payload_names_every_field_of_the_distribution():
     assert greedy['top_k'] == -1 and greedy['top_p'] == 1.0 and 'seed' not in greedy
     with pytest.raises(VLLMProtocolError, match='images'):
         build_completion_payload('policy', RolloutRequest([1], images=['a.png']), PARAMS, None)
+    with pytest.raises(VLLMProtocolError, match=r"may not set \['n', 'stream'\]"):
+        build_completion_payload('policy', RolloutRequest([1], extra={'n': 1, 'stream': True}),
+                                 PARAMS, None)
+
+
+def test_request_seeds_do_not_share_streams():
+    """vLLM seeds response j of a request with seed + j: the backend's seeds for the
+    requests of a run (and of ranks, whose base seeds differ by one) are spread so that no
+    two responses share a stream, and repeat for the same (seed, request)."""
+    n = 8
+    seeds = [request_seed(base, r, n) for base in (100, 101) for r in range(500)]
+    streams = {s + j for s in seeds for j in range(n)}
+    assert len(streams) == len(seeds) * n and all(0 <= s < 2**62 for s in seeds)
+    assert request_seed(100, 7, n) == request_seed(100, 7, n) != request_seed(100, 8, n)
+
+
+def test_the_launch_command_is_the_module_with_the_extension():
+    argv = VLLMServerProcess('m', python='py', port=9, max_model_len=64).argv()
+    assert argv[:3] == ['py', '-m', 'vllm.entrypoints.openai.api_server']
+    assert '--enforce-eager' in argv and argv[argv.index('--worker-extension-cls') + 1] == \
+        'gepo_vllm_worker.GEPOWorkerExtension'
+    assert '--enforce-eager' not in VLLMServerProcess('m', enforce_eager=False).argv()
+    line = start_command('my model', 'py')
+    assert line.startswith('VLLM_SERVER_DEV_MODE=1 PYTHONPATH=') and "'my model'" in line
 
 
 def test_a_whole_group_is_read_in_index_order():

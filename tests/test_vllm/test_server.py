@@ -52,12 +52,11 @@ def perturb(model, seed):
 
 @pytest.fixture
 def policy(vllm_server, tiny_model_dir):
-    """The tiny policy and a backend attached to the session's server, which holds the
-    policy's weights (pushed) on entry."""
+    """The tiny policy and a backend attached to the session's server: attaching pushed the
+    policy's weights (the server may have held another test's)."""
     model, tok = load_policy(tiny_model_dir)
     backend = backend_for(vllm_server.url)
     backend.attach(model, tok)
-    backend.update_weights(model)
     yield model, backend
     backend.close()
 
@@ -79,7 +78,7 @@ def test_each_push_gives_the_server_the_trainers_logprobs(policy):
             for s in group:
                 expected = trainer_logprobs(model, prompt + s.response_ids)[len(prompt) - 1:]
                 assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0)
-    assert backend.state_dict()['num_updates'] == 4
+    assert backend.state_dict()['num_updates'] == 3  # the push of attach is not an update
 
 
 def test_a_push_the_probe_disproves_is_refused(policy, vllm_server):
@@ -119,6 +118,9 @@ def test_seeded_groups_are_reproducible_and_resume_where_they_left(policy, vllm_
                                                                                   params))
     assert first != second
     assert any(len({tuple(r) for r in group}) > 1 for group in first)  # K different samples
+    # one prompt twice in a call: two groups of their own, not one group shifted by a sample
+    twice = ids(backend.generate([RolloutRequest(PROMPTS[2])] * 2, params))
+    assert twice[0] != twice[1] and twice[0][1:] != twice[1][:-1]
     again = backend_for(vllm_server.url)
     assert ids(again.generate(requests, params)) == first
     resumed = backend_for(vllm_server.url)

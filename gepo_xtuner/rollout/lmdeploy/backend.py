@@ -506,6 +506,7 @@ class LMDeployRolloutBackend(RolloutBackend):
             except ServerRequestError as e:
                 raise LMDeployServerError(self._explain(e)) from e
             return {'urls': pool.urls, 'synced': {0: version}, 'out': {}}
+        _barrier()  # every rank is done generating: no request of another rank meets the push
         report = _on_rank0(push)
         for url in report['urls'][len(pool.servers):]:
             pool.add(url)

@@ -73,6 +73,9 @@ class LMDeployServerProcess:
         command: full argv template replacing the default one.
     """
 
+    #: the engine's name in messages
+    ENGINE = 'LMDeploy'
+
     def __init__(self, model_path: str | None = None, host: str = '127.0.0.1',
                  port: int = 23333, backend: str = 'pytorch', tp: int = 1,
                  python: str = 'python', extra_args: list[str] | tuple[str, ...] = (),
@@ -100,9 +103,6 @@ class LMDeployServerProcess:
         self.proc: subprocess.Popen | None = None
         self._argv: list[str] = []
         self._atexit_registered = False
-
-    #: the engine's name in messages
-    ENGINE = 'LMDeploy'
 
     @property
     def url(self) -> str:

@@ -38,6 +38,10 @@ class NoServerError(RuntimeError):
     """Every server of the pool is out; the message lists why each one left."""
 
 
+class PoolAbortedError(RuntimeError):
+    """The pool was aborted (:meth:`ServerPool.abort`) while a call was running."""
+
+
 @dataclass
 class Server:
     """One server of a pool and its bookkeeping.
@@ -130,6 +134,7 @@ class ServerPool:
         self.servers: list[Server] = []
         self._cond = threading.Condition()
         self._executors: dict[int, cf.ThreadPoolExecutor] = {}
+        self._aborted = False
         for url in urls:
             self.add(url)
 
@@ -270,6 +275,9 @@ class ServerPool:
 
         with self._cond:
             while True:
+                if self._aborted:
+                    state['error'] = state['error'] or PoolAbortedError(
+                        f'the server pool was aborted with {len(queue)} of {n} requests unsent')
                 if state['error'] is not None:
                     break
                 if not queue:
@@ -351,6 +359,19 @@ class ServerPool:
                 s.stats = collections.Counter()
             out['rollout/servers_ready'] = float(len(self.ready_servers()))
         return out
+
+    def abort(self) -> None:
+        """Ends every running :meth:`map` call: nothing more is dispatched, the connections
+        close (a request not yet sent fails at once), and the call raises
+        :class:`PoolAbortedError` once the requests in flight have returned (the caller
+        makes the servers end them, e.g. vLLM's ``/abort_requests``). The pool takes no
+        calls afterwards. Queued work is never dropped unrun (every dispatched request
+        returns or fails), so no call waits forever."""
+        with self._cond:
+            self._aborted = True
+            self._cond.notify_all()
+        for s in self.servers:
+            s.http.close()
 
     def close(self) -> None:
         """Stops the threads and closes every connection (idempotent)."""

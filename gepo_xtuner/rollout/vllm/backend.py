@@ -1,7 +1,11 @@
 """Rollouts from vLLM's OpenAI-compatible API server over HTTP (``vllm serve``)."""
 
+import atexit
+import hashlib
+import logging
 import math
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -9,11 +13,12 @@ from typing import Any
 
 import httpx
 import torch
+from mmengine.logging import print_log
 from torch import nn
 
 from ...registry import ROLLOUT_BACKENDS
 from ..base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
-from ..lmdeploy.backend import _on_rank0, _split_urls, _world_size
+from ..lmdeploy.backend import _barrier, _on_rank0, _split_urls, _world_size
 from ..lmdeploy.weights import save_weights
 from ..server.http import HTTPPool, ServerRequestError
 from ..server.pool import NoServerError, Server, ServerPool, is_ready
@@ -73,7 +78,9 @@ class VLLMRolloutBackend(RolloutBackend):
             ``'gepo'``, the worker extension's reload; ``'vllm'``, vLLM's own
             ``reload_weights``, for servers started without the extension (on the CPU build
             it leaves a tied ``lm_head`` on the old weights: set ``probe_tolerance`` to
-            catch it). ``None`` (default) makes
+            catch it). ``base_model``: a directory whose non-weight files (chat template,
+            processor configs) are copied beside the pushed weights; a launched server's
+            model by default. ``None`` (default) makes
             :meth:`update_weights` raise, so a run cannot silently sample stale weights.
         sleep_wake: must be False: vLLM's sleep mode (weights offloaded and KV cache
             freed between rollouts) exists on CUDA and ROCm only.
@@ -148,9 +155,14 @@ class VLLMRolloutBackend(RolloutBackend):
 
     # ----------------------------------------------------------------- lifecycle
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
-        """Keeps the tokenizer (saved with the pushed weights) and reaches the servers."""
+        """Keeps the tokenizer (saved with the pushed weights), reaches the servers and,
+        with ``weight_sync`` mode ``'disk'``, pushes ``model``'s weights into them: a server
+        given by ``server_url`` may hold anything (another run's last weights), and the
+        first step must sample from the trainer's. Every rank calls it."""
         self.tokenizer = tokenizer
         self._ensure_server()
+        if model is not None and (self.weight_sync or {}).get('mode') == 'disk':
+            self._sync(model, self._pool.version, count=False)
 
     def _ensure_server(self) -> None:
         if self._aborted:
@@ -195,22 +207,27 @@ class VLLMRolloutBackend(RolloutBackend):
             self._own_dir = None
 
     def abort(self) -> None:
-        """Cancels the groups in flight: no new request starts (the connections close) and
-        each server aborts every request it runs (``POST /abort_requests``: a server this
-        run uses alone, as training servers are). A :meth:`generate` running on another
-        thread then raises soon; later ones raise too."""
+        """Cancels the groups in flight: nothing more is sent (:meth:`ServerPool.abort
+        <gepo_xtuner.rollout.server.pool.ServerPool.abort>`) and each server aborts every
+        request it runs (``POST /abort_requests``; on a server other trainer ranks share,
+        their requests too, which is what a failed step wants). A :meth:`generate` running
+        on another thread then raises soon; later calls raise too."""
         self._aborted = True
-        pool, self._pool = self._pool, None
-        if pool is None:
+        if self._pool is None:
             return
-        pool.close()
-        for s in pool.servers:
+        self._pool.abort()
+        headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
+        for s in self._pool.servers:
             try:
-                httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
-                           headers=None if self.api_key is None else
-                           {'Authorization': f'Bearer {self.api_key}'})
+                resp = httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
+                                  headers=headers)
             except httpx.HTTPError:
-                pass  # a dead server runs nothing
+                continue  # a dead server runs nothing
+            if not resp.is_success:
+                print_log(f'vLLM server {s.url}: POST /abort_requests answered HTTP '
+                          f'{resp.status_code}; its requests in flight run to their end '
+                          '(start it with VLLM_SERVER_DEV_MODE=1)', logger='current',
+                          level=logging.WARNING)
 
     def logprob_temperature(self, params: SamplingParams) -> float:
         """1: the servers run with ``--logprobs-mode raw_logprobs`` (``log_softmax`` of
@@ -238,16 +255,20 @@ class VLLMRolloutBackend(RolloutBackend):
         """``params.n`` responses per request, ``result[i][j]`` answering ``requests[i]``.
 
         With ``params.seed`` set, request ``r`` (counted over the run, checkpointed) is
-        sampled with seed ``params.seed + r``.
+        sampled with :func:`request_seed` ``(params.seed, r, n)``.
 
         Raises:
-            VLLMServerError: a request failed for good, an answer was short, or no
-                server is left; the message names the server and what to check.
+            VLLMServerError: a request failed for good, an answer was short, no server is
+                left, or the backend was aborted; the message names the server and what
+                to check.
+            VLLMProtocolError: a request the backend cannot send (images, or ``extra``
+                fields the backend sets itself).
         """
         self._ensure_server()
         first, self.requests_sent = self.requests_sent, self.requests_sent + len(requests)
         payloads = [build_completion_payload(
-            self.model_name, r, params, None if params.seed is None else params.seed + first + i)
+            self.model_name, r, params,
+            None if params.seed is None else request_seed(params.seed, first + i, params.n))
             for i, r in enumerate(requests)]
         pool = self._pool
         try:
@@ -312,13 +333,19 @@ class VLLMRolloutBackend(RolloutBackend):
                 'weights never change')
         if self.weight_sync['mode'] == 'none':
             return
+        self._ensure_server()
+        self._sync(model, self._pool.version + 1, count=True)
+
+    def _sync(self, model: nn.Module, version: int, count: bool) -> None:
+        """Every rank: waits for all ranks (none is still generating: another rank's
+        requests must not meet the new weights), then rank 0 pushes ``model`` as weights
+        ``version`` and every rank learns which servers took them."""
         if any(hasattr(p, 'ds_id') for p in model.parameters()):
             raise VLLMServerError(
                 'the policy is partitioned by DeepSpeed ZeRO-3; pushing shards to vLLM servers '
                 'is not supported: train with ZeRO-2 or DDP (full parameters on rank 0)')
-        self._ensure_server()
+        _barrier()
         pool = self._pool
-        version = pool.version + 1
         report = _on_rank0(lambda: self._push_all(model, version))
         pool.version = version
         for i, s in enumerate(pool.servers):
@@ -326,7 +353,8 @@ class VLLMRolloutBackend(RolloutBackend):
                 pool.mark_synced(s, version)
             else:
                 pool.mark_out(s, report['out'].get(i, s.reason or 'missed a weight sync'))
-        self.num_updates += 1
+        if count:
+            self.num_updates += 1
         self.last_probe_diff = report.get('probe')
         if not pool.ready_servers():
             raise VLLMServerError(pool.describe_out(f'weight sync {version} reached no vLLM '
@@ -335,17 +363,13 @@ class VLLMRolloutBackend(RolloutBackend):
     def _push_all(self, model: nn.Module, version: int) -> dict:
         cfg = self.weight_sync
         base = self.server.model_path if self.server is not None else cfg.get('base_model')
-        shared = cfg.get('shared_dir')
-        if shared is None:
-            if self._own_dir is None:
-                self._own_dir = tempfile.mkdtemp(prefix='gepo_vllm_weights_', dir=(
-                    '/dev/shm' if os.path.isdir('/dev/shm') else None))
-            shared = self._own_dir
-        path = save_weights(model, self.tokenizer, shared, self.num_updates + 1,
-                            base_model=base, keep=int(cfg.get('keep', 2)))
+        keep = int(cfg.get('keep', 2))
+        shared = cfg.get('shared_dir') or self._default_dir(model, keep)
+        path = save_weights(model, self.tokenizer, shared, version, base_model=base, keep=keep)
         synced, out, worst = {}, {}, None
         tolerance = cfg.get('probe_tolerance')
         expected = self._trainer_probe(model) if tolerance is not None else None
+        method = RELOADS[cfg.get('reload', 'gepo')]
         for s in self._pool.servers:
             if not s.ready:
                 ok, why = is_ready(s.http, min(self.timeout_s, 30.0))
@@ -353,22 +377,39 @@ class VLLMRolloutBackend(RolloutBackend):
                     out[s.index] = why
                     continue
             try:
-                _reload(s, str(path), RELOADS[cfg.get('reload', 'gepo')], self.timeout_s)
+                _reload(s, str(path), method, self.timeout_s)
                 if expected is not None:
-                    got = self.probe_logprobs(self._probe_ids, s.index)
-                    diff = max(abs(a - b) for a, b in zip(got, expected))
-                    worst = diff if worst is None else max(worst, diff)
-                    if not diff <= tolerance:
-                        raise VLLMServerError(
-                            f'vLLM server {s.url}: after weight push {version} its logprobs of '
-                            f'the probe differ from the trainer\'s by up to {diff:.3g} '
-                            f'(weight_sync.probe_tolerance={tolerance:g}): the server does not '
-                            'run the weights pushed')
-            except ServerRequestError as e:
-                out[s.index] = f'weight push failed: {e}'
+                    got = parse_probe(s.http.request(
+                        'POST', '/v1/completions', timeout_s=self.timeout_s,
+                        json=build_probe_payload(self.model_name, self._probe_ids)),
+                        self._probe_ids)
+            except (ServerRequestError, VLLMProtocolError) as e:
+                out[s.index] = f'weight push {version} failed: {e}' + _push_hint(e, method)
                 continue
+            if expected is not None:
+                diff = max(abs(a - b) for a, b in zip(got, expected))
+                worst = diff if worst is None else max(worst, diff)
+                if not diff <= tolerance:
+                    raise VLLMServerError(
+                        f'vLLM server {s.url}: after weight push {version} its logprobs of the '
+                        f"probe differ from the trainer's by up to {diff:.3g} "
+                        f'(weight_sync.probe_tolerance={tolerance:g}): the server does not run '
+                        'the weights pushed (a server dtype other than the trainer\'s needs a '
+                        'larger tolerance; see docs/vllm.md)')
             synced[s.index] = version
         return {'synced': synced, 'out': out, 'probe': worst}
+
+    def _default_dir(self, model: nn.Module, keep: int) -> str:
+        """A new directory for the weights, removed at :meth:`close` or exit: in
+        ``/dev/shm`` (memory) when it has room for ``keep + 1`` copies, else in the
+        temporary directory (a container's ``/dev/shm`` is often 64 MiB)."""
+        if self._own_dir is None:
+            need = (keep + 1) * sum(p.numel() * p.element_size() for p in model.parameters())
+            shm = '/dev/shm'
+            where = shm if os.path.isdir(shm) and shutil.disk_usage(shm).free > need else None
+            self._own_dir = tempfile.mkdtemp(prefix='gepo_vllm_weights_', dir=where)
+            atexit.register(shutil.rmtree, self._own_dir, True)
+        return self._own_dir
 
     def _trainer_probe(self, model: nn.Module) -> list[float]:
         """The trainer's logprobs of the probe sequence (a fixed slice of the vocabulary)."""
@@ -397,8 +438,21 @@ class VLLMRolloutBackend(RolloutBackend):
 
 def start_command(model_path: str, python: str = 'python', port: int = 8000) -> str:
     """The shell line that starts a server this backend can push weights into."""
-    return VLLMServerProcess(model_path, port=port, python=python).command_line().join(
-        [f'VLLM_SERVER_DEV_MODE=1 PYTHONPATH={WORKER_EXTENSION_DIR} ', ''])
+    command = VLLMServerProcess(model_path, port=port, python=python).command_line()
+    return (f'VLLM_SERVER_DEV_MODE=1 PYTHONPATH={shlex.quote(WORKER_EXTENSION_DIR)} '
+            f'{command}')
+
+
+def request_seed(seed: int, request: int, n: int) -> int:
+    """The seed of the run's request number ``request`` under ``sampling.seed=seed``.
+
+    vLLM seeds response ``j`` of a request with ``seed + j``, so consecutive seeds would
+    give request ``r``'s response ``j + 1`` the stream of request ``r + 1``'s response ``j``
+    (and ranks, whose seeds differ by one, each other's). The seed is a hash of
+    ``(seed, request)``, below ``2**62 - n`` (vLLM takes signed 64-bit seeds).
+    """
+    digest = hashlib.blake2b(f'{int(seed)}:{int(request)}'.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, 'little') % (2**62 - max(int(n), 1))
 
 
 def _check_weight_sync(cfg: dict | None) -> dict | None:
@@ -421,15 +475,37 @@ def _check_weight_sync(cfg: dict | None) -> dict | None:
 
 
 def _reload(server: Server, path: str, method: str, timeout_s: float) -> None:
-    """Pause (in-flight requests finish), reload in place, drop cached prefixes, resume."""
+    """Pause (in-flight requests finish), reload in place, drop cached prefixes, resume.
+
+    The server is resumed whatever failed (also a pause that timed out after it took
+    effect); an error of the resume does not hide the first one.
+    """
     http = server.http
-    http.request('POST', '/pause', params={'mode': 'wait'}, timeout_s=timeout_s)
     try:
+        http.request('POST', '/pause', params={'mode': 'wait'}, timeout_s=timeout_s)
         http.request('POST', '/collective_rpc', timeout_s=timeout_s,
                      json={'method': method, 'kwargs': {'weights_path': path}})
         http.request('POST', '/reset_prefix_cache', timeout_s=timeout_s)
-    finally:
-        http.request('POST', '/resume', timeout_s=timeout_s)
+    except ServerRequestError:
+        try:
+            http.request('POST', '/resume', timeout_s=timeout_s, retries=0)
+        except ServerRequestError:
+            pass
+        raise
+    http.request('POST', '/resume', timeout_s=timeout_s)
+
+
+def _push_hint(e: Exception, method: str) -> str:
+    """What to check when a push failed with ``e``."""
+    status = getattr(e, 'status', None)
+    if status == 404:
+        return (' (no RL endpoints: start the server with VLLM_SERVER_DEV_MODE=1, see '
+                'start_command)')
+    if status is not None and status >= 500 and method == RELOADS['gepo']:
+        return (' (a server without the worker extension answers this: start it with '
+                f'--worker-extension-cls {WORKER_EXTENSION} and {WORKER_EXTENSION_DIR} on '
+                "PYTHONPATH, see start_command; or set weight_sync.reload='vllm')")
+    return ''
 
 
 def _served_model(http: HTTPPool) -> str:
@@ -441,4 +517,5 @@ def _served_model(http: HTTPPool) -> str:
             from None
 
 
-__all__ = ['VLLMRolloutBackend', 'VLLMServerError', 'start_command', 'WORKER_EXTENSION']
+__all__ = ['VLLMRolloutBackend', 'VLLMServerError', 'request_seed', 'start_command',
+           'WORKER_EXTENSION']

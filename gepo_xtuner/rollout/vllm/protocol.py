@@ -2,7 +2,7 @@
 
 Pure functions (no network). What the server does with them, read from vLLM 0.32's
 ``vllm/entrypoints/openai/completion/protocol.py`` and checked against a running
-``vllm serve`` in ``tests/test_rollout/test_vllm_backend.py``:
+``vllm serve`` in ``tests/test_vllm/test_server.py``:
 
 * ``prompt`` may be a list of token ids; ``n`` responses to it come in one answer
   (``choices[i].index`` in ``0..n-1``), so a group is one request and never mixes
@@ -18,8 +18,9 @@ Pure functions (no network). What the server does with them, read from vLLM 0.32
 * Unset sampling fields take the model's ``generation_config.json`` defaults unless the
   server runs with ``--generation-config vllm``; every field that changes the
   distribution is sent, so the server samples exactly the policy the trainer scores.
-* ``seed`` makes a request's samples reproducible; vLLM derives the ``n`` children's
-  streams from it.
+* ``seed`` makes a request's samples reproducible; vLLM seeds its response ``j`` with
+  ``seed + j`` (the backend spaces requests' seeds apart:
+  :func:`~gepo_xtuner.rollout.vllm.backend.request_seed`).
 * ``prompt_logprobs=0`` with ``max_tokens=1`` scores a fixed sequence (the weight-push
   probe): ``choices[0].prompt_logprobs[t]`` maps the token at ``t`` to its logprob
   (``None`` at ``t = 0``).
@@ -29,6 +30,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..base import RolloutRequest, RolloutSample, SamplingParams
+
+
+#: fields of a request body that the backend sets and ``RolloutRequest.extra`` may not
+RESERVED_FIELDS = frozenset({
+    'model', 'prompt', 'n', 'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p',
+    'repetition_penalty', 'presence_penalty', 'frequency_penalty', 'logprobs',
+    'return_token_ids', 'skip_special_tokens', 'stop_token_ids', 'seed', 'stream', 'echo',
+    'best_of', 'use_beam_search', 'prompt_logprobs'})
 
 
 class VLLMProtocolError(ValueError):
@@ -46,6 +55,10 @@ def build_completion_payload(model: str, request: RolloutRequest, params: Sampli
     if request.images:
         raise VLLMProtocolError('VLLMRolloutBackend sends token ids only; prompts with images '
                                 'are not supported (use LMDeployRolloutBackend for them)')
+    reserved = sorted(RESERVED_FIELDS & set(request.extra))
+    if reserved:
+        raise VLLMProtocolError(f'RolloutRequest.extra may not set {reserved}: the backend sets '
+                                'them from the sampling settings')
     payload: dict[str, Any] = {
         'model': model,
         'prompt': [int(t) for t in request.input_ids],

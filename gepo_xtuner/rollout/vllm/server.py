@@ -15,7 +15,7 @@ WORKER_EXTENSION: str = 'gepo_vllm_worker.GEPOWorkerExtension'
 LAUNCH_KEYS: frozenset[str] = frozenset(
     {'model_path', 'host', 'port', 'python', 'extra_args', 'env', 'log_file',
      'startup_timeout_s', 'command', 'max_model_len', 'dtype', 'kv_cache_gib',
-     'served_model_name'})
+     'served_model_name', 'enforce_eager'})
 
 
 def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
@@ -35,7 +35,7 @@ class VLLMServerProcess(LMDeployServerProcess):
 
         PYTHON -m vllm.entrypoints.openai.api_server --model MODEL_PATH --host HOST
             --port PORT --served-model-name NAME --dtype DTYPE --max-model-len LEN
-            --logprobs-mode raw_logprobs --generation-config vllm --enforce-eager
+            --logprobs-mode raw_logprobs --generation-config vllm [--enforce-eager]
             --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension EXTRA_ARGS...
 
     with ``VLLM_SERVER_DEV_MODE=1``, the extension's directory on ``PYTHONPATH`` and
@@ -51,6 +51,8 @@ class VLLMServerProcess(LMDeployServerProcess):
         dtype: the server's weights (``'float32'`` matches a float32 trainer exactly).
         kv_cache_gib: the CPU KV cache, GiB.
         served_model_name: the name requests use (default ``'policy'``).
+        enforce_eager: skip torch.compile and graph capture (default True: compiling
+            takes minutes on a small CPU; set False on a GPU).
         host, port, extra_args, env, log_file, startup_timeout_s, command: as
             :class:`~gepo_xtuner.rollout.lmdeploy.server.LMDeployServerProcess`.
     """
@@ -63,7 +65,7 @@ class VLLMServerProcess(LMDeployServerProcess):
                  log_file: str | None = None, startup_timeout_s: float = 900.0,
                  command: list[str] | None = None, max_model_len: int = 2048,
                  dtype: str = 'auto', kv_cache_gib: float = 1.0,
-                 served_model_name: str = 'policy') -> None:
+                 served_model_name: str = 'policy', enforce_eager: bool = True) -> None:
         if model_path is None:
             raise ValueError("launch needs model_path (the model the vLLM server loads), e.g. "
                              "launch=dict(model_path='work_dirs/tiny_cpu/model')")
@@ -76,6 +78,7 @@ class VLLMServerProcess(LMDeployServerProcess):
         self.max_model_len = int(max_model_len)
         self.dtype = str(dtype)
         self.served_model_name = str(served_model_name)
+        self.enforce_eager = bool(enforce_eager)
 
     def argv(self, model_path: str | None = None) -> list[str]:
         """The command that starts the server on ``model_path`` (default: the configured one)."""
@@ -87,7 +90,7 @@ class VLLMServerProcess(LMDeployServerProcess):
                 '--host', self.host, '--port', str(self.port),
                 '--served-model-name', self.served_model_name, '--dtype', self.dtype,
                 '--max-model-len', str(self.max_model_len), '--logprobs-mode', 'raw_logprobs',
-                '--generation-config', 'vllm', '--enforce-eager',
+                '--generation-config', 'vllm', *(['--enforce-eager'] if self.enforce_eager else []),
                 '--worker-extension-cls', WORKER_EXTENSION, *self.extra_args]
 
     def command_line(self) -> str:
