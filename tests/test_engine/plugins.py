@@ -10,6 +10,7 @@ weights of each generation.
 import json
 import os
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -118,15 +119,19 @@ class RecordingVLLMRolloutBackend(VLLMRolloutBackend):
     """The vLLM backend, writing one JSON line per :meth:`generate` call to
     ``$GEPO_TEST_GENERATE_LOG.<rank>``: the thread, and the server's logprobs of
     :data:`VLLM_PROBE` at the start and at the end of the call (which weights it sampled
-    with; a push during the call would show as two different lists)."""
+    with; a push during the call would show as two different lists). With
+    ``$GEPO_TEST_SLOW_RANK=r``, rank ``r`` takes a second longer over each call (a slow
+    rank: its generation still runs when the others are done)."""
 
     def generate(self, requests, params):
+        rank = dist.get_rank() if dist.is_initialized() else 0
         before = self.probe_logprobs(VLLM_PROBE)
         out = super().generate(requests, params)
+        if os.environ.get('GEPO_TEST_SLOW_RANK') == str(rank):
+            time.sleep(1.0)
         row = dict(thread=threading.current_thread().name, before=before,
                    after=self.probe_logprobs(VLLM_PROBE), prompts=len(requests),
                    seeded=params.seed is not None)
-        rank = dist.get_rank() if dist.is_initialized() else 0
         with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return out

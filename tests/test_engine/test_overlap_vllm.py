@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from .conftest import scalars, train, write_config
+from .conftest import scalars, train, train_ranks, write_config
 from .plugins import VLLM_PROBE
 
 STEPS = 4
@@ -75,3 +75,29 @@ def test_each_batch_comes_from_one_version_one_step_old(overlapped):
     # those of the older weights once stale
     assert logged[1]['rollout/logprob_abs_diff'] < 1e-5
     assert all(logged[t]['rollout/logprob_abs_diff'] > 1e-4 for t in range(2, STEPS + 1))
+
+
+def test_two_ranks_never_meet_a_push_mid_generation(vllm_server, tiny_dir, tmp_path,
+                                                    monkeypatch):
+    """Two gloo ranks generating ahead against one server, rank 1 a second slower per batch
+    than rank 0: rank 0 pushes only once every rank has finished generating (the backend
+    waits for all ranks before a push), so on both ranks every batch comes from one weight
+    version, and no batch is more than one old. (Without that wait rank 0 pushed into rank
+    1's generations.)"""
+    log = tmp_path / 'generate.log'
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(log))
+    monkeypatch.setenv('GEPO_TEST_SLOW_RANK', '1')
+    cfg = write_config(tmp_path, extra=f"""
+        train_cfg = dict(rollout=dict(_delete_=True, type='RecordingVLLMRolloutBackend',
+                                      server_url='{vllm_server.url}',
+                                      weight_sync=dict(mode='disk')))
+    """)
+    train_ranks(cfg, tmp_path / 'run', tiny_dir, 2, 'train_cfg.max_staleness=1',
+                f'train_cfg.max_steps={STEPS}')
+    for rank in (0, 1):
+        rows = [json.loads(line) for line in open(f'{log}.{rank}')
+                if json.loads(line)['seeded']]
+        assert len(rows) == STEPS, rank
+        assert all(row['before'] == row['after'] for row in rows), rank
+    logged = scalars(tmp_path / 'run')
+    assert all(logged[t]['rollout/staleness_max'] <= 1 for t in range(1, STEPS + 1))
