@@ -247,8 +247,9 @@ class RolloutAhead:
         batch and any error (the step that would take it failed): no generation is left
         running behind an exception."""
         if self._thread is not None:
-            if self._thread.is_alive():
-                self.backend.abort()
+            abort = getattr(self.backend, 'abort', None)  # RolloutBackend's; duck types too
+            if self._thread.is_alive() and abort is not None:
+                abort()
             self._thread.join()
         self._thread, self._job, self.pending, self._restored = None, {}, None, False
 
