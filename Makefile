@@ -78,8 +78,9 @@ experiments: $(STAMP)
 	$(PY) tools/run_experiments.py $(EXPERIMENTS_ARGS)
 
 # The suite on $(TEST_WORKERS) pytest-xdist workers (one torch thread each, tests/conftest.py),
-# whole files per worker so a module's server or shared training run starts once; the files
-# that take longest start first (tests/conftest.py). TEST_WORKERS=1: one process, no xdist.
+# whole files per worker so a module's server or shared training run starts once, and the
+# files that share a session's real server (vLLM's) on one worker; the longest start first
+# (tests/conftest.py: tests/durations.json). TEST_WORKERS=1: one process, no xdist.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 .PHONY: test-fast coverage

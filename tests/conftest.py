@@ -8,6 +8,7 @@ cores with two busy-waiting OpenMP threads each ran small models several times s
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import random
@@ -25,6 +26,11 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gepo_xtuner.advantage import AdvantageInputs, encode_domains
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist is a dev extra: without it the suite runs in one process
+    LoadFileScheduling = None
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -240,23 +246,65 @@ def smollm2_dir(tmp_path_factory) -> Path:
     return out
 
 
-def _longest_files_first(items: list) -> None:
-    """Orders the files by their measured time (``tests/durations.json``, written by
-    ``tools/test_durations.py``), longest first, keeping each file's own order: with whole
-    files per xdist worker, a long file started last would leave the other worker idle."""
+#: Session-scoped fixtures that start a real server (about a minute each): every test file
+#: that names one is a single xdist work unit with the others that name it, so one worker
+#: starts the server once for all of them instead of each worker starting its own.
+_SHARED_SERVERS = ('vllm_server',)
+
+
+@functools.cache
+def _work_unit(path: Path) -> str:
+    """What xdist hands a worker whole: the test file (its path from the checkout's root),
+    or the shared server of :data:`_SHARED_SERVERS` its source names."""
+    source = path.read_text()
+    for name in _SHARED_SERVERS:
+        if re.search(rf'\b{name}\b', source):
+            return name
+    return str(path.relative_to(ROOT))
+
+
+def _longest_units_first(items: list) -> None:
+    """Orders the work units (:func:`_work_unit`) by their measured time
+    (``tests/durations.json``, each file's seconds, written by ``tools/test_durations.py``),
+    longest first, keeping the collection order within a unit: with whole units per xdist
+    worker, a long one started last would leave the other worker idle at the end."""
     table = ROOT / 'tests' / 'durations.json'
-    if not table.is_file():
-        return
-    seconds = json.loads(table.read_text())
-    known = {str(Path(p)) for p in seconds}
+    seconds = json.loads(table.read_text()) if table.is_file() else {}
     newest = max(seconds.values(), default=0.0)
+    totals: dict[str, float] = {}
+    first: dict[str, int] = {}
+    files: set[Path] = set()
+    for index, item in enumerate(items):
+        path = Path(item.path)
+        unit = _work_unit(path)
+        first.setdefault(unit, index)
+        if path not in files:
+            files.add(path)
+            # a file not measured yet counts as the longest: it may be long
+            totals[unit] = totals.get(unit, 0.0) + seconds.get(str(path.relative_to(ROOT)),
+                                                               newest + 1)
+    items.sort(key=lambda item: (-totals[_work_unit(Path(item.path))],
+                                 first[_work_unit(Path(item.path))]))
 
-    def key(item) -> float:
-        path = str(Path(item.path).relative_to(ROOT))
-        # a file not measured yet goes first: it may be long
-        return -(seconds[path] if path in known else newest + 1)
 
-    items.sort(key=key)  # stable: within a file, the file's own order
+if LoadFileScheduling is not None:
+    class _UnitScheduling(LoadFileScheduling):
+        """``--dist loadfile`` with the work units of :func:`_work_unit`."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(ROOT / nodeid.split('::', 1)[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadfile`` (``make test``): whole work units per worker
+    (:func:`_work_unit`), in the order :func:`_longest_units_first` gives them. xdist's own
+    reordering (by the number of tests in a file, on by default) is turned off: it put files
+    of hundreds of sub-second tests first and left minute-long ones for the end."""
+    if config.getvalue('dist') != 'loadfile' or LoadFileScheduling is None:
+        return None
+    config.option.loadscopereorder = False
+    return _UnitScheduling(config, log)
 
 
 _DISK_NEEDED_GB = 5  # peak of the temporary directory during `make test`, with margin
@@ -282,10 +330,10 @@ def _mark_integration(items: list) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Longest files first (see :func:`_longest_files_first`); the ``integration`` marker
+    """Longest work units first (see :func:`_longest_units_first`); the ``integration`` marker
     (:func:`_mark_integration`); tests marked ``gpu`` skip, with the reason, where torch
     sees no CUDA device."""
-    _longest_files_first(items)
+    _longest_units_first(items)
     _mark_integration(items)
     if torch.cuda.is_available():
         return
