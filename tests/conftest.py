@@ -178,7 +178,8 @@ def vllm_env(tmp_path_factory) -> Path:
 def vllm_server(vllm_env, tiny_model_dir, tmp_path_factory):
     """One real ``vllm serve`` (vLLM's CPU build, the command ``VLLMRolloutBackend`` launches)
     on loopback, serving :func:`tiny_model_dir` in float32, warmed up (the first request
-    takes vLLM about 20 s); per pytest worker. Tests that push weights into it push the
+    takes vLLM about 20 s); one per pytest worker, and under ``make test`` the files that
+    use it share one worker (:data:`_SHARED_SERVERS`). Tests that push weights into it push the
     ones they need first.
 
     Skips, with the server's log, where this CPU cannot run the build (the process dies of
