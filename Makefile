@@ -216,8 +216,10 @@ $(TF5_DEPS)/.installed: requirements-transformers5.txt
 
 # DeepSpeed (ZeRO-2/3 through mmengine's FlexibleRunner; docs/cluster.md), installed into
 # $(DEEPSPEED_DEPS) and put first on PYTHONPATH per command; the venv is left as it is. Built
-# without its compiled ops (DS_BUILD_OPS=0): on CPU it builds the one it needs (a shared-memory
-# collective) at first use, with ninja and the system's C++ compiler.
+# without its compiled ops (DS_BUILD_OPS=0): on CPU it needs one (a shared-memory collective),
+# compiled here with ninja and the system's C++ compiler into the overlay's torch_extensions/
+# (name it in TORCH_EXTENSIONS_DIR, as the tests do: otherwise DeepSpeed compiles it again at
+# first use, into ~/.cache, where checkouts elsewhere on the machine would rebuild it in turn).
 DEEPSPEED_DEPS ?= work_dirs/deepspeed_deps
 .PHONY: deepspeed-deps
 
@@ -228,7 +230,8 @@ $(DEEPSPEED_DEPS)/.installed: requirements-deepspeed.txt
 	rm -rf $(DEEPSPEED_DEPS)
 	DS_BUILD_OPS=0 $(PY) -m pip install --no-deps --target $(DEEPSPEED_DEPS) \
 		-r requirements-deepspeed.txt
-	-PYTHONPATH=$(DEEPSPEED_DEPS) DS_ACCELERATOR=cpu $(PY) -c \
+	-PYTHONPATH=$(DEEPSPEED_DEPS) DS_ACCELERATOR=cpu \
+		TORCH_EXTENSIONS_DIR=$(abspath $(DEEPSPEED_DEPS))/torch_extensions $(PY) -c \
 		'from deepspeed.comm.torch import build_shm_op; build_shm_op()'
 	touch $@
 

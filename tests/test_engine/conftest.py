@@ -97,13 +97,16 @@ def train_ranks(cfg: Path, work_dir: Path, tiny: Path, nproc: int, *options: str
     ranks, gloo and every collective are as real, only the launcher's start-up is saved.
     ``xtuner train`` exits 0 even when training fails: callers judge by what the run left
     behind. ``deps``: a directory put first on PYTHONPATH (DeepSpeed's overlay; its ranks
-    fork from a zygote that imported DeepSpeed).
+    fork from a zygote that imported DeepSpeed), its ``torch_extensions/`` holding the
+    collective ``make deepspeed-deps`` compiled.
     """
     bin_dir = Path(sys.executable).parent
     path = f'{deps}{os.pathsep}{ROOT}' if deps else str(ROOT)
     env = dict(os.environ, GEPO_TINY_DIR=str(tiny), PYTHONPATH=path, NPROC_PER_NODE=str(nproc),
                PORT=str(free_port()), OMP_NUM_THREADS='1', DS_ACCELERATOR='cpu',
                PATH=f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}')
+    if deps:
+        env['TORCH_EXTENSIONS_DIR'] = str(Path(deps) / 'torch_extensions')
     env.pop('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', None)
     args = [str(cfg), '--work-dir', str(work_dir), '--cfg-options', *(FAST if fast else []),
             *options]
