@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ..registry import REWARDS
 from .base import Reward, Scored
 from .sandbox import AssertTests, Sandbox
-from .sandbox.trainer_tests import free_names, unsupported_arguments
+from .sandbox.trainer_tests import free_names, parse_python, unsupported_arguments
 
 __all__ = ['CodeReward', 'TestCase', 'extract_code', 'parse_tests']
 
@@ -93,7 +93,7 @@ def _call_args(raw: Any, where: str) -> list:
 def _literal_call(line: str) -> tuple[str, list, Any] | None:
     """``assert f(<literals>) == <literal>`` as (f, args, expected); else None."""
     try:
-        tree = ast.parse(line.strip())
+        tree = parse_python(line.strip())
     except SyntaxError:
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
@@ -133,7 +133,7 @@ def _assert_tests(record: dict[str, Any], rid: Any, challenge: bool) -> list[Tes
             return [TestCase('call', calls=tuple(calls), python_eq=True)]
         program = setup + '\n' + '\n'.join(lines) + '\n'
         try:
-            ast.parse(program)
+            parse_python(program)
         except SyntaxError as exc:
             raise ValueError(f'{where}: the tests do not parse: {exc}') from exc
         names = free_names(program, keep_builtins=_defined(record.get('code')))
@@ -150,8 +150,8 @@ def _assert_tests(record: dict[str, Any], rid: Any, challenge: bool) -> list[Tes
         prompt = record.get('prompt')
         prompt = prompt if isinstance(prompt, str) else ''
         try:
-            tree = ast.parse(program)
-            ast.parse(prompt)
+            tree = parse_python(program)
+            parse_python(prompt)
         except SyntaxError as exc:
             raise ValueError(f'{where}: the test or the prompt does not parse: {exc}') from exc
         names = free_names(program)
@@ -167,7 +167,7 @@ def _defined(code: Any) -> tuple[str, ...]:
     """Top-level functions and classes of a record's reference solution (MBPP's
     ``code``), so that one named like a builtin is still looked up in the solution."""
     try:
-        tree = ast.parse(code) if isinstance(code, str) else None
+        tree = parse_python(code) if isinstance(code, str) else None
     except SyntaxError:
         return ()
     return tuple(n.name for n in getattr(tree, 'body', ()) if isinstance(

@@ -9,8 +9,31 @@ grader trusts"). Never loaded inside the sandbox.
 
 import ast
 import builtins
+import threading
 
-__all__ = ['free_names', 'imported_modules', 'unsupported_arguments']
+__all__ = ['free_names', 'imported_modules', 'parse_python', 'unsupported_arguments']
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)``, one thread at a time: what every trainer-side parse uses.
+
+    ``CodeReward`` reads a batch's tests in threads (``batch_workers``). CPython 3.11 keeps
+    the depth of the tree ``ast.parse`` is converting to Python objects in state that all
+    threads share; when the garbage collector runs a finalizer in the middle of that
+    conversion and the interpreter switches threads there, a second thread's parse moves
+    the depth under the first, which then fails with ``SystemError: AST constructor
+    recursion depth mismatch`` (seen in a test run scoring HumanEval in 4 threads). The lock
+    keeps this package's parses from overlapping; the stress test of
+    tests/test_reward/test_parse_threads.py breaks a bare ``ast.parse`` on 3.11.7 and not on
+    3.12.1 or 3.13.0.
+
+    Raises:
+        SyntaxError: ``source`` is not Python, as ``ast.parse`` raises it.
+    """
+    with _PARSE_LOCK:
+        return ast.parse(source)
 
 
 def _bound_and_loaded(tree) -> tuple[set[str], list[str]]:
@@ -46,7 +69,7 @@ def free_names(program: str, keep_builtins: tuple[str, ...] = ()) -> tuple[str, 
         >>> free_names('import math\\nassert math.isclose(area(2), 12.57, rel_tol=0.01)')
         ('area',)
     """
-    bound, loaded = _bound_and_loaded(ast.parse(program))
+    bound, loaded = _bound_and_loaded(parse_python(program))
     names = dict.fromkeys(n for n in loaded if n not in bound and (
         n in keep_builtins or not hasattr(builtins, n)))
     return tuple(names)
@@ -61,7 +84,7 @@ def unsupported_arguments(program: str, targets: set[str]) -> str | None:
     solution's process. (The test process refuses any other such value when it meets
     one, :class:`UnsupportedTest`; this finds the ones visible in the text before a run.)
     """
-    tree = ast.parse(program)
+    tree = parse_python(program)
     own = {n.name for n in ast.walk(tree)
            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     own |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
@@ -95,7 +118,7 @@ def imported_modules(source: str) -> tuple[str, ...]:
         ('typing', 'math', 'os')
     """
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return ()
     names = []
