@@ -92,10 +92,12 @@ PYTEST_WORKERS = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dis
 # A failure here is left to those fixtures to report; the others are still prepared (-k).
 # SETUP_JOBS at once: each install is mostly one core's work (unpacking wheels, compiling
 # DeepSpeed's collective).
+# (--output-sync where this make has it: GNU make 4.0 and later.)
 SETUP_JOBS ?= 2
+SETUP_SYNC := $(if $(filter output-sync,$(.FEATURES)),--output-sync=target)
 .PHONY: test-deps
 test-deps: $(STAMP)
-	-@$(MAKE) -s -k -j$(SETUP_JOBS) --output-sync=target tf5-deps deepspeed-deps trl-deps \
+	-@$(MAKE) -s -k -j$(or $(SETUP_JOBS),1) $(SETUP_SYNC) tf5-deps deepspeed-deps trl-deps \
 		verl-deps vllm-env
 	-@$(PY) tools/prepare_smollm2.py --out $(SMOLLM2_DIR) > /dev/null
 
@@ -103,7 +105,7 @@ test: $(STAMP) $(XTUNER_V1_TEST_DEPS) test-deps
 	$(V1_REQUIRED) $(PY) -m pytest -m "not slow" $(PYTEST_WORKERS)
 
 # The inner loop (CONTRIBUTING.md): the tests that start no training run, server or sandbox
-# (no `integration` marker), under a minute on two cores (docs/testing.md).
+# (no `integration` marker), about a minute on two cores (docs/testing.md).
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not integration" $(PYTEST_WORKERS)
 

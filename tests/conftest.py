@@ -248,63 +248,91 @@ def smollm2_dir(tmp_path_factory) -> Path:
 
 
 #: Session-scoped fixtures that start a real server (about a minute each): every test file
-#: that names one is a single xdist work unit with the others that name it, so one worker
-#: starts the server once for all of them instead of each worker starting its own.
+#: whose source names one (a parameter, ``request.getfixturevalue``, or any other mention)
+#: is a single xdist work unit with the others that name it, so one worker starts the
+#: server once for all of them instead of each worker starting its own.
 _SHARED_SERVERS = ('vllm_server',)
 
 
 @functools.cache
-def _work_unit(path: Path) -> str:
-    """What xdist hands a worker whole: the test file (its path from the checkout's root),
-    or the shared server of :data:`_SHARED_SERVERS` its source names."""
-    source = path.read_text()
+def _work_unit(file_id: str, root: Path = ROOT) -> str:
+    """What xdist hands a worker whole: the test file (``file_id``, its path as in the node
+    id, relative to ``root``), or the shared server of :data:`_SHARED_SERVERS` its source
+    names."""
+    try:
+        source = (root / file_id).read_text()
+    except (OSError, UnicodeDecodeError):
+        return file_id
     for name in _SHARED_SERVERS:
         if re.search(rf'\b{name}\b', source):
             return name
-    return str(path.relative_to(ROOT))
+    return file_id
 
 
-def _longest_units_first(items: list) -> None:
+def _file_id(item) -> str:
+    """The file part of a test's node id (``tests/x/test_y.py``): relative to the rootdir,
+    as ``--durations`` prints it and ``tests/durations.json`` keys it."""
+    return item.nodeid.split('::', 1)[0]
+
+
+def _longest_units_first(items: list, root: Path = ROOT, table: Path | None = None) -> None:
     """Orders the work units (:func:`_work_unit`) by their measured time
     (``tests/durations.json``, each file's seconds, written by ``tools/test_durations.py``),
     longest first, keeping the collection order within a unit: with whole units per xdist
-    worker, a long one started last would leave the other worker idle at the end."""
-    table = ROOT / 'tests' / 'durations.json'
+    worker, a long one started last would leave the other worker idle at the end.
+    ``root``: the rootdir the node ids are relative to; ``table``: the durations file
+    (``tests/durations.json`` of this checkout).
+
+    Raises:
+        pytest.UsageError: a test uses a fixture of :data:`_SHARED_SERVERS` (directly or
+            through another fixture) that its file's source never names: xdist would
+            start that server on a second worker.
+    """
+    table = table or ROOT / 'tests' / 'durations.json'
     seconds = json.loads(table.read_text()) if table.is_file() else {}
     newest = max(seconds.values(), default=0.0)
     totals: dict[str, float] = {}
     first: dict[str, int] = {}
-    files: set[Path] = set()
+    units = {}
     for index, item in enumerate(items):
-        path = Path(item.path)
-        unit = _work_unit(path)
-        first.setdefault(unit, index)
-        if path not in files:
-            files.add(path)
+        file_id = _file_id(item)
+        if file_id not in units:
+            units[file_id] = unit = _work_unit(file_id, root)
+            first.setdefault(unit, index)
             # a file not measured yet counts as the longest: it may be long
-            totals[unit] = totals.get(unit, 0.0) + seconds.get(str(path.relative_to(ROOT)),
-                                                               newest + 1)
-    items.sort(key=lambda item: (-totals[_work_unit(Path(item.path))],
-                                 first[_work_unit(Path(item.path))]))
+            totals[unit] = totals.get(unit, 0.0) + seconds.get(file_id, newest + 1)
+        shared = set(_SHARED_SERVERS) & set(getattr(item, 'fixturenames', ()))
+        if shared and units[file_id] not in shared:
+            raise pytest.UsageError(
+                f'{item.nodeid} uses the fixture {sorted(shared)[0]!r} without naming it in '
+                f'{file_id}: name it there (a parameter or request.getfixturevalue), so that '
+                'make test runs the file on the worker that starts that server')
+    items.sort(key=lambda item: (-totals[units[_file_id(item)]], first[units[_file_id(item)]]))
 
 
 if LoadFileScheduling is not None:
     class _UnitScheduling(LoadFileScheduling):
-        """``--dist loadfile`` with the work units of :func:`_work_unit`."""
+        """``--dist loadfile`` with the work units of :func:`_work_unit`, in the order the
+        workers collected them (:func:`_longest_units_first`): xdist's own reordering (by
+        the number of tests in a unit, on by default) is turned off, it put files of
+        hundreds of sub-second tests first and left minute-long ones for the end.
+
+        xdist gives a worker its next unit once 2 or fewer of its tests are left to run, so
+        "longest first" is the order units are handed out, a test or two ahead of need."""
+
+        def __init__(self, config, log=None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False
 
         def _split_scope(self, nodeid: str) -> str:
-            return _work_unit(ROOT / nodeid.split('::', 1)[0])
+            return _work_unit(nodeid.split('::', 1)[0], Path(self.config.rootpath))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under ``--dist loadfile`` (``make test``): whole work units per worker
-    (:func:`_work_unit`), in the order :func:`_longest_units_first` gives them. xdist's own
-    reordering (by the number of tests in a file, on by default) is turned off: it put files
-    of hundreds of sub-second tests first and left minute-long ones for the end."""
+    """Under ``--dist loadfile`` (``make test``): :class:`_UnitScheduling`."""
     if config.getvalue('dist') != 'loadfile' or LoadFileScheduling is None:
         return None
-    config.option.loadscopereorder = False
     return _UnitScheduling(config, log)
 
 
@@ -334,7 +362,7 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Longest work units first (see :func:`_longest_units_first`); the ``integration`` marker
     (:func:`_mark_integration`); tests marked ``gpu`` skip, with the reason, where torch
     sees no CUDA device."""
-    _longest_units_first(items)
+    _longest_units_first(items, Path(config.rootpath))
     _mark_integration(items)
     if torch.cuda.is_available():
         return

@@ -2,7 +2,9 @@
 # mmengine's FlexibleRunner (docs/cluster.md). Needs DeepSpeed (make deepspeed-deps) on
 # PYTHONPATH; on CPU, DS_ACCELERATOR=cpu. Two processes:
 #   PYTHONPATH=$PWD/work_dirs/deepspeed_deps DS_ACCELERATOR=cpu NPROC_PER_NODE=2 \
+#       TORCH_EXTENSIONS_DIR=$PWD/work_dirs/deepspeed_deps/torch_extensions \
 #       xtuner train configs/deepspeed/gepo_tiny_cpu_zero.py
+# (TORCH_EXTENSIONS_DIR: the shared-memory collective the overlay compiled.)
 # GEPO_ZERO_STAGE picks ZeRO-2 (default) or ZeRO-3. Not `xtuner train --deepspeed`: that
 # replaces the runner and strategy with mmengine's own, which needs CUDA and leaves the hooks'
 # state (GEPO's entropy band, the loop's RNG) out of checkpoints.
