@@ -121,6 +121,9 @@ def test_the_probe_reads_the_logprob_of_each_next_token():
     (dict(server_url='http://a:1', weight_sync=dict(mode='disk', every=2)),
      r"does not take \['every'\]"),
     (dict(launch=dict(model_path='m', max_model_len=1)), 'max_model_len >= 2'),
+    (dict(launch='http://a:1'), 'launch must be a dict, got str'),
+    (dict(server_url='http://a:1', max_concurrency=0), 'need max_concurrency >= 1'),
+    (dict(server_url='http://a:1', timeout_s=0), 'timeout_s > 0'),
 ])
 def test_bad_settings_are_refused_when_built(cfg, message):
     with pytest.raises(ValueError, match=message):
@@ -134,3 +137,5 @@ def test_building_touches_no_server():
     assert backend.state_dict() == {'num_updates': 0, 'requests_sent': 0}
     assert backend.overlap_refusal() is None
     assert backend.logprob_temperature(PARAMS) == 1.0
+    backend.abort()  # before any server: nothing to cancel, nothing contacted
+    assert backend.state_dict() == {'num_updates': 0, 'requests_sent': 0}
