@@ -1,12 +1,15 @@
 """``ServerPool.abort`` ends a running ``map`` call without dropping work unrun: requests in
 flight return, nothing more is dispatched, the call raises ``PoolAbortedError``, and no
-thread waits forever (the thread pools are not shut down under queued work)."""
+thread waits forever (the thread pools are not shut down under queued work). The
+connections of requests in flight stay open: only the server ends those."""
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from gepo_xtuner.rollout.server.http import HTTPPool, ServerRequestError
 from gepo_xtuner.rollout.server.pool import PoolAbortedError, ServerPool
 
 
@@ -34,7 +37,9 @@ def test_abort_ends_a_running_map_with_requests_in_flight_and_queued():
     while len(started) < 2:
         time.sleep(0.01)
     pool.abort()
+    assert not pool.wait_idle(0.05)  # two requests still run on the server
     release.set()  # the server ends what it ran
+    assert pool.wait_idle(10)
     thread.join(10)
     assert not thread.is_alive()
     assert 'result' not in outcome and 'requests unsent' in outcome['error']
@@ -42,3 +47,47 @@ def test_abort_ends_a_running_map_with_requests_in_flight_and_queued():
     with pytest.raises(PoolAbortedError):
         pool.map(fn, [1])
     pool.close()
+
+
+def test_an_aborted_http_pool_stops_retrying_and_sends_nothing_more():
+    """A server that answers 503 (retried with backoff): after ``abort`` the request in
+    its backoff wait fails at once and is not sent again, and a new request is not sent
+    at all."""
+    hits = []
+
+    class Busy(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            hits.append(self.path)
+            self.rfile.read(int(self.headers.get('Content-Length') or 0))
+            self.send_response(503)
+            self.send_header('Content-Length', '0')
+            self.end_headers()
+
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    http = HTTPPool(f'http://127.0.0.1:{server.server_address[1]}', max_retries=5,
+                    backoff_s=30.0)
+    outcome = {}
+
+    def call():
+        try:
+            http.request('POST', '/v1/completions', json={})
+        except ServerRequestError as e:
+            outcome['error'] = str(e)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    while not hits:
+        time.sleep(0.01)
+    http.abort()
+    thread.join(10)  # not the 30 s backoff
+    assert not thread.is_alive() and 'aborted' in outcome['error']
+    with pytest.raises(ServerRequestError, match='not sent'):
+        http.request('POST', '/v1/completions', json={})
+    assert hits == ['/v1/completions']
+    http.close()
+    server.shutdown()
+    server.server_close()

@@ -156,12 +156,20 @@ def test_the_payload_is_valid_for_vllms_own_request_model(vllm_env):
 class _Proxy:
     """A loopback HTTP proxy to the real server that answers ``alive`` requests and then
     drops every connection unanswered, as a server that dies mid-batch; with ``delay_s``,
-    it holds each generation that long first, as a slow server."""
+    it holds each generation that long first, as a slow server; with ``until_abort``, it
+    holds each generation until it has passed a ``POST /abort_requests`` on, as a network
+    that delivers them after the abort."""
 
-    def __init__(self, target: str, alive: int = 10**9, delay_s: float = 0.0):
+    def __init__(self, target: str, alive: int = 10**9, delay_s: float = 0.0,
+                 until_abort: bool = False):
         proxy = self
         self.target, self.left, self.delay_s = target, alive, delay_s
-        self.lock = threading.Lock()
+        self.generations = 0  # POST /v1/completions received
+        self.aborted = threading.Event()
+        if not until_abort:
+            self.aborted.set()
+        self.lock = threading.Condition()
+        self.handling = 0  # requests being forwarded
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -175,16 +183,34 @@ class _Proxy:
                     self.connection.close()  # no answer: the client sees the connection drop
                     return
                 if self.path == '/v1/completions':
+                    with proxy.lock:
+                        proxy.generations += 1
                     time.sleep(proxy.delay_s)
+                    proxy.aborted.wait(60)
                 length = int(self.headers.get('Content-Length') or 0)
                 resp = httpx.request(method, proxy.target + self.path, timeout=120,
                                      content=self.rfile.read(length) if length else None,
                                      headers={'Content-Type': 'application/json'})
+                if self.path == '/abort_requests':
+                    proxy.aborted.set()
                 self.send_response(resp.status_code)
                 self.send_header('Content-Type', 'application/json')
                 self.send_header('Content-Length', str(len(resp.content)))
                 self.end_headers()
-                self.wfile.write(resp.content)
+                try:
+                    self.wfile.write(resp.content)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout under test): nobody to answer
+
+            def handle_one_request(self):
+                with proxy.lock:
+                    proxy.handling += 1
+                try:
+                    super().handle_one_request()
+                finally:
+                    with proxy.lock:
+                        proxy.handling -= 1
+                        proxy.lock.notify_all()
 
             def do_GET(self):
                 self._forward('GET')
@@ -197,6 +223,11 @@ class _Proxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
+        """Stops serving once every request it took has been forwarded and answered: a
+        request it still held would reach the session's server during a later test."""
+        self.aborted.set()
+        with self.lock:
+            assert self.lock.wait_for(lambda: self.handling == 0, timeout=60)
         self.server.shutdown()
         self.server.server_close()
 
@@ -258,19 +289,17 @@ def test_a_slow_server_is_an_error_that_names_the_wait(policy, vllm_server):
     proxy.close()
 
 
-def test_abort_cancels_the_groups_in_flight_on_the_server(policy, vllm_server):
-    """The step that wanted a batch failed (``RolloutAhead.discard``): ``abort`` stops the
-    generation running on another thread at the server, whose running requests drop to
-    none, and the call raises instead of returning a batch."""
-    model, backend = policy
+def _server_counter(url: str, name: str, label: str = '') -> float:
+    """The sum of the Prometheus samples ``name{...}`` that ``url/metrics`` shows (those
+    whose labels include ``label``, e.g. ``'finished_reason="length"'``)."""
+    text = httpx.get(f'{url}/metrics', timeout=10).text
+    return sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()
+               if line.startswith(name + '{') and label in line)
 
-    def running() -> float:
-        text = httpx.get(f'{vllm_server.url}/metrics', timeout=10).text
-        return sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()
-                   if line.startswith('vllm:num_requests_running{'))
 
-    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=100)
-    requests = [RolloutRequest([1, 5, 9], extra={'ignore_eos': True}) for _ in range(64)]
+def _generate_aside(backend, requests, params) -> tuple[threading.Thread, dict]:
+    """``backend.generate`` on a started thread, as ``RolloutAhead`` runs it; the dict
+    gets ``'groups'`` or the ``VLLMServerError``'s text as ``'error'``."""
     outcome = {}
 
     def work():
@@ -281,14 +310,69 @@ def test_abort_cancels_the_groups_in_flight_on_the_server(policy, vllm_server):
 
     thread = threading.Thread(target=work)
     thread.start()
+    return thread, outcome
+
+
+def test_abort_cancels_the_groups_in_flight_on_the_server(policy, vllm_server):
+    """The step that wanted a batch failed (``RolloutAhead.discard``): ``abort`` stops the
+    generation running on another thread at the server, whose running requests drop to
+    none, and the call raises instead of returning a batch."""
+    model, backend = policy
+
+    def running() -> float:
+        return _server_counter(vllm_server.url, 'vllm:num_requests_running')
+
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=100)
+    requests = [RolloutRequest([1, 5, 9], extra={'ignore_eos': True}) for _ in range(64)]
+    thread, outcome = _generate_aside(backend, requests, params)
     deadline = time.monotonic() + 60
-    while running() == 0 and time.monotonic() < deadline:
+    while (now := running()) == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert running() > 0
+    assert now > 0
     backend.abort()
     thread.join(30)
     assert not thread.is_alive() and 'groups' not in outcome
     assert 'generation aborted' in outcome['error']
-    assert running() == 0
+    deadline = time.monotonic() + 5  # the gauge is refreshed at the server's next step
+    while (now := running()) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert now == 0
     with pytest.raises(VLLMServerError, match='was aborted'):
         backend.generate(requests[:1], params)
+
+
+def test_abort_also_ends_requests_that_reach_the_server_after_it(policy, vllm_server):
+    """A request still on its way when ``POST /abort_requests`` reached the server is not
+    among the requests that call aborts. Here a proxy delivers every group only after it
+    passed the first abort call on: ``abort`` keeps aborting until none of its requests is
+    in flight, so the server generates a small share of the tokens the groups would have
+    taken (all of them if the abort was sent once), and ends few of them by length."""
+    model, _ = policy
+    proxy = _Proxy(vllm_server.url, until_abort=True)
+    backend = backend_for(proxy.url, weight_sync=dict(mode='none'), max_concurrency=16)
+    backend.attach(model, None)
+    params = SamplingParams(n=64, temperature=1.0, max_new_tokens=120)
+    requests = [RolloutRequest([1, 5, 9], extra={'ignore_eos': True}) for _ in range(16)]
+    full = len(requests) * params.n * params.max_new_tokens
+
+    def counters() -> tuple[float, float]:
+        return (_server_counter(vllm_server.url, 'vllm:generation_tokens_total'),
+                _server_counter(vllm_server.url, 'vllm:request_success_total',
+                                'finished_reason="length"'))
+
+    before = counters()
+    thread, outcome = _generate_aside(backend, requests, params)
+    deadline = time.monotonic() + 60
+    while proxy.generations < len(requests) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proxy.generations == len(requests)
+    backend.abort()
+    thread.join(120)
+    assert not thread.is_alive() and 'groups' not in outcome
+    assert 'generation aborted' in outcome['error']
+    after = counters()
+    generated, by_length = after[0] - before[0], after[1] - before[1]
+    assert generated < full / 2, (generated, full)
+    assert by_length < len(requests) * params.n / 2, by_length
+    backend.close()
+    proxy.close()

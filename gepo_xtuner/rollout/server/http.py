@@ -64,6 +64,7 @@ class HTTPPool:
                                 max_keepalive_connections=max_concurrency))
         self._executor: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._aborted = threading.Event()
 
     def request(self, method: str, path: str, *, json: Any = None,
                 params: dict[str, Any] | None = None, retries: int | None = None,
@@ -81,6 +82,9 @@ class HTTPPool:
         headers = {'Content-Type': 'application/json'}
         what = f'{method} {self.base_url}{path}'
         for attempt in range(retries + 1):
+            if self._aborted.is_set():
+                raise ServerRequestError(f'{what}: not sent, the requests to this server were '
+                                         'aborted (HTTPPool.abort)', url=self.base_url)
             try:
                 resp = self._client.request(method, path, json=json, params=params,
                                             headers=headers, timeout=timeout)
@@ -103,7 +107,7 @@ class HTTPPool:
                 if status not in _RETRY_STATUS:
                     raise ServerRequestError(f'{what}: {failure}', status, body, self.base_url)
             if attempt < retries:
-                time.sleep(self.backoff_s * 2 ** attempt)
+                self._aborted.wait(self.backoff_s * 2 ** attempt)
         raise ServerRequestError(
             f'{what}: failed {retries + 1} time(s), last: {failure}', status, body, self.base_url)
 
@@ -125,6 +129,14 @@ class HTTPPool:
                     p.cancel()
                 raise f.exception()
         return [f.result() for f in futures]
+
+    def abort(self) -> None:
+        """Sends nothing more: a :meth:`request` not yet sent, or waiting to retry, raises
+        :class:`ServerRequestError` at once. Requests on the wire wait for their answer
+        (the caller makes the server end them): their connections stay open, because a
+        socket closed under a thread blocked on it may be reused by another connection
+        and leave that thread waiting for the whole timeout."""
+        self._aborted.set()
 
     def close(self) -> None:
         """Stops the threads and closes the connections (idempotent)."""

@@ -235,11 +235,16 @@ class ServerPool:
         def attempt(server: Server, i: int) -> None:
             t0 = time.monotonic()
             try:
+                if self._aborted:  # queued on the thread pool before the abort
+                    raise PoolAbortedError('not sent: the server pool was aborted')
                 out = fn(server.http, items[i])
             except ServerRequestError as e:
                 with self._cond:
                     server.outstanding -= 1
                     state['in_flight'] -= 1
+                    if self._aborted:  # what the abort cut short: no failure of the server
+                        self._cond.notify_all()
+                        return
                     server.stats['failures'] += 1
                     if e.status is not None and 400 <= e.status < 500:
                         state['error'] = state['error'] or e
@@ -253,7 +258,7 @@ class ServerPool:
                         self.resent += 1
                         server.stats['resent'] += 1
                     self._cond.notify_all()
-                if e.status is None or e.status >= 500:
+                if (e.status is None or e.status >= 500) and not self._aborted:
                     self.mark_out(server, str(e))
                 return
             except BaseException as e:  # noqa: BLE001 (handed to the caller)
@@ -361,17 +366,30 @@ class ServerPool:
         return out
 
     def abort(self) -> None:
-        """Ends every running :meth:`map` call: nothing more is dispatched, the connections
-        close (a request not yet sent fails at once), and the call raises
-        :class:`PoolAbortedError` once the requests in flight have returned (the caller
-        makes the servers end them, e.g. vLLM's ``/abort_requests``). The pool takes no
-        calls afterwards. Queued work is never dropped unrun (every dispatched request
-        returns or fails), so no call waits forever."""
+        """Ends every running :meth:`map` call: nothing more is dispatched or sent (a
+        request not yet on the wire, or waiting to be retried, fails at once:
+        :meth:`HTTPPool.abort <gepo_xtuner.rollout.server.http.HTTPPool.abort>`), and the
+        call raises :class:`PoolAbortedError` once the requests in flight have returned
+        (the caller makes the servers end them, e.g. vLLM's ``/abort_requests``, and can
+        wait for that with :meth:`wait_idle`). The pool takes no calls afterwards. Queued
+        work is never dropped unrun (every dispatched request returns or fails), so no
+        call waits forever."""
         with self._cond:
             self._aborted = True
             self._cond.notify_all()
         for s in self.servers:
-            s.http.close()
+            s.http.abort()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` until no request is in flight; True once none is."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while any(s.outstanding for s in self.servers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
     def close(self) -> None:
         """Stops the threads and closes every connection (idempotent)."""

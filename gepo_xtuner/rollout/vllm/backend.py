@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,10 @@ from .server import LAUNCH_KEYS, WORKER_EXTENSION, WORKER_EXTENSION_DIR, VLLMSer
 WEIGHT_SYNC_MODES = ('disk', 'none')
 #: ``weight_sync.reload`` -> the worker method ``POST /collective_rpc`` calls
 RELOADS = {'gepo': 'gepo_reload_weights', 'vllm': 'reload_weights'}
+#: seconds :meth:`VLLMRolloutBackend.abort` waits before it sends ``POST /abort_requests``
+#: again while requests of the aborted call are in flight: the first wait, doubled each
+#: time up to the second
+ABORT_RESEND_S = (0.05, 1.0)
 
 
 class VLLMServerError(RuntimeError):
@@ -207,27 +212,41 @@ class VLLMRolloutBackend(RolloutBackend):
             self._own_dir = None
 
     def abort(self) -> None:
-        """Cancels the groups in flight: nothing more is sent (:meth:`ServerPool.abort
+        """Cancels the groups in flight and returns once none is left.
+
+        Nothing more is sent (:meth:`ServerPool.abort
         <gepo_xtuner.rollout.server.pool.ServerPool.abort>`) and each server aborts every
         request it runs (``POST /abort_requests``; on a server other trainer ranks share,
-        their requests too, which is what a failed step wants). A :meth:`generate` running
-        on another thread then raises soon; later calls raise too."""
+        their requests too, which is what a failed step wants). A request still on its way
+        when that call reached the server is not among them and would run to its end
+        (``max_new_tokens`` of generation), so the call is sent again, after 0.05 s, then
+        0.1 s, ... up to every second (:data:`ABORT_RESEND_S`), until no request of this
+        backend is in flight, or ``timeout_s`` passed. A :meth:`generate` running on
+        another thread then raises; later calls raise too."""
         self._aborted = True
         if self._pool is None:
             return
         self._pool.abort()
         headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
-        for s in self._pool.servers:
-            try:
-                resp = httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
-                                  headers=headers)
-            except httpx.HTTPError:
-                continue  # a dead server runs nothing
-            if not resp.is_success:
-                print_log(f'vLLM server {s.url}: POST /abort_requests answered HTTP '
-                          f'{resp.status_code}; its requests in flight run to their end '
-                          '(start it with VLLM_SERVER_DEV_MODE=1)', logger='current',
-                          level=logging.WARNING)
+        deadline = time.monotonic() + self.timeout_s
+        wait, longest = ABORT_RESEND_S
+        warned: set[int] = set()
+        while True:
+            for s in self._pool.servers:
+                try:
+                    resp = httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
+                                      headers=headers)
+                except httpx.HTTPError:
+                    continue  # a dead server runs nothing
+                if not resp.is_success and s.index not in warned:
+                    warned.add(s.index)
+                    print_log(f'vLLM server {s.url}: POST /abort_requests answered HTTP '
+                              f'{resp.status_code}; its requests in flight run to their end '
+                              '(start it with VLLM_SERVER_DEV_MODE=1)', logger='current',
+                              level=logging.WARNING)
+            if self._pool.wait_idle(wait) or time.monotonic() >= deadline:
+                return
+            wait = min(2 * wait, longest)
 
     def logprob_temperature(self, params: SamplingParams) -> float:
         """1: the servers run with ``--logprobs-mode raw_logprobs`` (``log_softmax`` of
