@@ -80,7 +80,8 @@ def test_an_aborted_http_pool_stops_retrying_and_sends_nothing_more():
 
     thread = threading.Thread(target=call)
     thread.start()
-    while not hits:
+    deadline = time.monotonic() + 30
+    while not hits and time.monotonic() < deadline:
         time.sleep(0.01)
     http.abort()
     thread.join(10)  # not the 30 s backoff

@@ -226,10 +226,12 @@ class _Proxy:
         """Stops serving once every request it took has been forwarded and answered: a
         request it still held would reach the session's server during a later test."""
         self.aborted.set()
-        with self.lock:
-            assert self.lock.wait_for(lambda: self.handling == 0, timeout=60)
-        self.server.shutdown()
-        self.server.server_close()
+        try:
+            with self.lock:  # one request per connection (HTTP/1.0): none waits idle
+                assert self.lock.wait_for(lambda: self.handling == 0, timeout=60)
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
 
 
 def test_a_server_that_dies_mid_batch_fails_over_or_fails_clearly(policy, vllm_server):

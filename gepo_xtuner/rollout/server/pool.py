@@ -312,6 +312,10 @@ class ServerPool:
         for s in self.servers:
             s.stats['wall_s'] += time.monotonic() - start
         if state['error'] is not None:
+            if self._aborted and not isinstance(state['error'], PoolAbortedError):
+                # e.g. an answer the abort cut short failed to parse first
+                raise PoolAbortedError('the server pool was aborted during the call') \
+                    from state['error']
             raise state['error']
         return results
 
@@ -379,6 +383,11 @@ class ServerPool:
             self._cond.notify_all()
         for s in self.servers:
             s.http.abort()
+
+    def busy_servers(self) -> list[Server]:
+        """The servers with requests of :meth:`map` calls in flight."""
+        with self._cond:
+            return [s for s in self.servers if s.outstanding]
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Waits up to ``timeout_s`` until no request is in flight; True once none is."""

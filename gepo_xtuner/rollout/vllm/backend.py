@@ -215,36 +215,49 @@ class VLLMRolloutBackend(RolloutBackend):
         """Cancels the groups in flight and returns once none is left.
 
         Nothing more is sent (:meth:`ServerPool.abort
-        <gepo_xtuner.rollout.server.pool.ServerPool.abort>`) and each server aborts every
-        request it runs (``POST /abort_requests``; on a server other trainer ranks share,
-        their requests too, which is what a failed step wants). A request still on its way
-        when that call reached the server is not among them and would run to its end
-        (``max_new_tokens`` of generation), so the call is sent again, after 0.05 s, then
-        0.1 s, ... up to every second (:data:`ABORT_RESEND_S`), until no request of this
-        backend is in flight, or ``timeout_s`` passed. A :meth:`generate` running on
-        another thread then raises; later calls raise too."""
+        <gepo_xtuner.rollout.server.pool.ServerPool.abort>`) and each server that runs
+        requests of this backend aborts every request it runs (``POST /abort_requests``;
+        on a server other trainer ranks share, their requests too, which is what a failed
+        step wants). A request still on its way when that call reached the server is not
+        among them and would run to its end (``max_new_tokens`` of generation), so the
+        call is sent again, after 0.05 s, then 0.1 s, ... up to every second
+        (:data:`ABORT_RESEND_S`), to the servers that still run requests of this backend,
+        until none is in flight or ``timeout_s`` passed. A server that refuses the call
+        (no ``VLLM_SERVER_DEV_MODE=1``) is warned about once and not asked again: its
+        requests run to their end, and this call waits for them (at most ``timeout_s``).
+        A :meth:`generate` running on another thread then raises; later calls raise
+        too. With nothing in flight, no server is contacted."""
         self._aborted = True
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             return
-        self._pool.abort()
+        pool.abort()
         headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
         deadline = time.monotonic() + self.timeout_s
         wait, longest = ABORT_RESEND_S
-        warned: set[int] = set()
+        refused: set[int] = set()
         while True:
-            for s in self._pool.servers:
+            for s in pool.busy_servers():
+                left = deadline - time.monotonic()
+                if s.index in refused or left <= 0:
+                    continue
                 try:
-                    resp = httpx.post(f'{s.url}/abort_requests', json={}, timeout=10.0,
-                                      headers=headers)
+                    resp = httpx.post(f'{s.url}/abort_requests', json={}, headers=headers,
+                                      timeout=min(10.0, left))
                 except httpx.HTTPError:
-                    continue  # a dead server runs nothing
-                if not resp.is_success and s.index not in warned:
-                    warned.add(s.index)
+                    continue  # a dead server runs nothing; its requests fail on their own
+                if not resp.is_success:
+                    refused.add(s.index)
                     print_log(f'vLLM server {s.url}: POST /abort_requests answered HTTP '
                               f'{resp.status_code}; its requests in flight run to their end '
                               '(start it with VLLM_SERVER_DEV_MODE=1)', logger='current',
                               level=logging.WARNING)
-            if self._pool.wait_idle(wait) or time.monotonic() >= deadline:
+            if pool.wait_idle(max(0.0, min(wait, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                print_log(f'VLLMRolloutBackend.abort: requests still in flight after '
+                          f'timeout_s={self.timeout_s:g} s; the generating thread ends when '
+                          'they fail or time out', logger='current', level=logging.WARNING)
                 return
             wait = min(2 * wait, longest)
 
@@ -290,6 +303,9 @@ class VLLMRolloutBackend(RolloutBackend):
             None if params.seed is None else request_seed(params.seed, first + i, params.n))
             for i, r in enumerate(requests)]
         pool = self._pool
+        if self._aborted:  # abort() came while the servers were being reached
+            raise VLLMServerError('generation aborted (VLLMRolloutBackend.abort) before any '
+                                  'request was sent')
         try:
             return pool.map(lambda http, body: parse_completion(
                 http.request('POST', '/v1/completions', json=body), params), payloads,
