@@ -67,7 +67,7 @@ def test_an_aborted_http_pool_stops_retrying_and_sends_nothing_more():
             self.end_headers()
 
     server = ThreadingHTTPServer(('127.0.0.1', 0), Busy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     http = HTTPPool(f'http://127.0.0.1:{server.server_address[1]}', max_retries=5,
                     backoff_s=30.0)
     outcome = {}
