@@ -29,8 +29,11 @@ def encode_prompt(tokenizer: Any, record: dict[str, Any], template: str = '{prom
                              'tokenizer has no chat template; use a tokenizer whose '
                              'tokenizer_config.json sets chat_template, or give the prompt as '
                              'text in "prompt"')
-        return list(tokenizer.apply_chat_template(record['messages'], add_generation_prompt=True,
-                                                  tokenize=True))
+        # rendered, then tokenised without added specials, as apply_chat_template(tokenize=True)
+        # does; its return type differs between transformers 4 (ids) and 5 (a BatchEncoding)
+        text = tokenizer.apply_chat_template(record['messages'], add_generation_prompt=True,
+                                             tokenize=False)
+        return list(tokenizer(text, add_special_tokens=False)['input_ids'])
     try:
         text = template.format(**record)
     except KeyError as exc:

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ['MMInputs', 'can_concat', 'concat_mm_inputs', 'mm_to', 'placeholder_token_ids']
+__all__ = ['MMInputs', 'can_concat', 'collapse_placeholder_runs', 'concat_mm_inputs', 'mm_to',
+           'placeholder_token_ids']
 
 MMInputs = dict[str, Tensor]
 """One prompt's multimodal tensors, keyed as the model's ``forward`` names them."""
@@ -88,3 +89,41 @@ def placeholder_token_ids(config: Any) -> tuple[int, ...]:
     """
     found = (getattr(config, name, None) for name in PLACEHOLDER_FIELDS)
     return tuple(sorted({v for v in found if isinstance(v, int) and v >= 0}))
+
+
+def collapse_placeholder_runs(ids: Sequence[int], token_id: int,
+                              num_images: int | None = None) -> list[int]:
+    """``ids`` with each run of ``token_id`` cut to one token.
+
+    The processor's expanded prompt holds one image token per image feature; an engine
+    that expands each image placeholder itself (LMDeploy's ``/generate``: one
+    ``token_id`` per image, repeated to the image's feature count) must get it back with
+    one per image and everything else kept: for InternVL / Intern-S1 the ``<img>`` and
+    ``</img>`` the processor writes around each run stay in place, so the engine's
+    expansion is token for token the trainer's context.
+
+    Args:
+        ids: the expanded prompt, ``(L,)``.
+        token_id: the image placeholder id (``processor.image_token_id``).
+        num_images: when given, the number of runs it must contain.
+
+    Returns:
+        The collapsed ids, ``(L - sum_i (n_i - 1),)`` for runs of lengths ``n_i``.
+
+    Raises:
+        ValueError: the run count differs from ``num_images`` (two images whose runs
+            touch cannot be told apart, or the prompt lost a placeholder).
+    """
+    out: list[int] = []
+    runs = 0
+    for t in ids:
+        t = int(t)
+        if t == token_id and out and out[-1] == token_id:
+            continue
+        runs += t == token_id
+        out.append(t)
+    if num_images is not None and runs != num_images:
+        raise ValueError(f'the prompt has {runs} runs of image token {token_id} for {num_images} '
+                         'images; the engine would give the images to the wrong slots (adjacent '
+                         'images need a separator between their runs, as the chat templates write)')
+    return out

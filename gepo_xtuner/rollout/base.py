@@ -59,8 +59,9 @@ class RolloutRequest:
 
     Attributes:
         input_ids: the tokenised prompt (chat template already applied); with
-            images, one image placeholder token per image, as inference servers
-            (LMDeploy's ``/generate``) expect, since they expand it themselves.
+            images, the template's bare image placeholder once per image, the form
+            an engine that writes the whole image block itself expands (vLLM's
+            processors). LMDeploy's ``/generate`` takes :meth:`collapsed_prompt_ids`.
         images: optional images for multimodal backends (paths, URLs or PIL
             images), in prompt order.
         extra: backend-specific extras (passed through untouched; servers merge
@@ -72,6 +73,8 @@ class RolloutRequest:
             backends (e.g. ``pixel_values``, ``image_grid_thw``), batched by
             concatenation along dim 0 (see :mod:`gepo_xtuner.ops.multimodal`).
             Never sent to servers.
+        image_token_id: the id that ``model_input_ids`` repeats once per image feature
+            (the processor's ``image_token``), for :meth:`collapsed_prompt_ids`.
     """
 
     input_ids: list[int]
@@ -79,11 +82,30 @@ class RolloutRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     model_input_ids: list[int] | None = None
     mm_inputs: dict[str, Tensor] | None = None
+    image_token_id: int | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
         """The prompt's token ids as the policy model scores them (placeholders expanded)."""
         return self.input_ids if self.model_input_ids is None else self.model_input_ids
+
+    def collapsed_prompt_ids(self) -> list[int]:
+        """The prompt for an engine that expands each image token itself and writes nothing
+        around it (LMDeploy's ``/generate``): :attr:`prompt_ids` with each run of
+        :attr:`image_token_id` cut to one, so the engine's expansion is exactly the
+        trainer's context, image markers included (InternVL / Intern-S1 write
+        ``<img>`` and ``</img>`` around the run; Qwen2-VL's template already holds its
+        markers, and the result equals :attr:`input_ids`). Prompts without images, or
+        without an expanded form, give :attr:`input_ids`.
+
+        Raises:
+            ValueError: the runs do not match the images one to one.
+        """
+        if not self.images or self.model_input_ids is None or self.image_token_id is None:
+            return list(self.input_ids)
+        from ..ops.multimodal import collapse_placeholder_runs
+        return collapse_placeholder_runs(self.model_input_ids, self.image_token_id,
+                                         len(self.images))
 
 
 @dataclass

@@ -72,8 +72,15 @@ def build_vl_processor(tokenizer: Qwen2TokenizerFast, min_pixels: int = 28 * 28,
     """
     images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels,
                                    patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2)
+    extra = {}
+    import inspect
+
+    import transformers
+    if 'video_processor' in inspect.signature(Qwen2VLProcessor.__init__).parameters:  # >= 4.52
+        extra['video_processor'] = transformers.Qwen2VLVideoProcessor(
+            patch_size=PATCH, merge_size=MERGE, temporal_patch_size=2)
     return Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer,
-                            chat_template=VL_CHAT_TEMPLATE)
+                            chat_template=VL_CHAT_TEMPLATE, **extra)
 
 
 def build_tiny_vl_model(tokenizer: Qwen2TokenizerFast, seed: int,

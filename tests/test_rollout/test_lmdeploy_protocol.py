@@ -184,3 +184,20 @@ def test_building_touches_no_network_or_disk(tmp_path):
     assert backend.server.port == 0 and not (tmp_path / 'log').exists()
     backend.close()  # nothing started: nothing to stop
     assert check_weight_sync(None) is None
+
+
+def test_images_are_sent_as_the_expanded_prompt_with_each_run_collapsed(tmp_path):
+    """LMDeploy's /generate repeats each image token it is given; the body carries the
+    trainer's expanded prompt with every run cut to one token, markers kept."""
+    ctx, start, end = 9, 7, 8
+    expanded = [1, 2, start, *[ctx] * 4, end, 3, start, *[ctx] * 12, end, 4]
+    request = RolloutRequest([1, 2, ctx, 3, ctx, 4], images=[_png(tmp_path / 'a.png')] * 2,
+                             model_input_ids=expanded, image_token_id=ctx)
+    body = build_generate_payload(request, SamplingParams())
+    assert body['input_ids'] == [1, 2, start, ctx, end, 3, start, ctx, end, 4]
+    text = RolloutRequest([1, 2, 3], model_input_ids=[1, 2, 3], image_token_id=ctx)
+    assert build_generate_payload(text, SamplingParams())['input_ids'] == [1, 2, 3]
+    touching = RolloutRequest([ctx, ctx], images=['data:image/png;base64,AA'] * 2,
+                              model_input_ids=[ctx] * 8, image_token_id=ctx)
+    with pytest.raises(ValueError, match='1 runs of image token 9 for 2 images'):
+        build_generate_payload(touching, SamplingParams())

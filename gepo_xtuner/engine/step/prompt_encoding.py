@@ -16,11 +16,14 @@ resolved by the dataset) says where they go:
   applied).
 
 The request then carries the prompt in both forms: ``input_ids`` (the text
-tokenised, one placeholder token per image) with ``images`` for inference servers,
-which expand placeholders themselves (LMDeploy's ``/generate``), and the processor's
-``model_input_ids`` (placeholders expanded to one token per image feature) with
-``mm_inputs`` (``pixel_values``, ``image_grid_thw``, ...) for the policy's forward
-passes and in-process generation.
+tokenised, the template's bare placeholder once per image) with ``images`` for
+inference servers, and the processor's ``model_input_ids`` (placeholders expanded to
+one token per image feature, with whatever markers the processor writes around them)
+with ``mm_inputs`` (``pixel_values``, ``image_grid_thw``, ...) for the policy's forward
+passes and in-process generation. Each server backend sends the form its engine
+expands into exactly ``model_input_ids`` (docs/multimodal.md, "What each engine is
+sent"): LMDeploy the expanded ids with each run collapsed to one token
+(``RolloutRequest.collapsed_prompt_ids``), vLLM the bare form.
 """
 
 import os
@@ -59,7 +62,20 @@ def encode_request(record: dict, tokenizer: Any, processor: Any = None,
                          'every such image with the fix') from None
     mm = {k: v for k, v in encoded.items() if k not in TEXT_KEYS and isinstance(v, Tensor)}
     return RolloutRequest(tokenizer(text, **special)['input_ids'], images=list(images),
-                          model_input_ids=encoded['input_ids'][0].tolist(), mm_inputs=mm)
+                          model_input_ids=encoded['input_ids'][0].tolist(), mm_inputs=mm,
+                          image_token_id=image_token_id(processor, tokenizer))
+
+
+def image_token_id(processor: Any, tokenizer: Any) -> int | None:
+    """The id the processor repeats once per image feature (``None`` if it names none)."""
+    value = getattr(processor, 'image_token_id', None)
+    if isinstance(value, int):
+        return value
+    token = getattr(processor, 'image_token', None)
+    if not isinstance(token, str):
+        return None
+    value = tokenizer.convert_tokens_to_ids(token)
+    return value if isinstance(value, int) and value != tokenizer.unk_token_id else None
 
 
 def prompt_token_ids(record: dict, tokenizer: Any, processor: Any = None,

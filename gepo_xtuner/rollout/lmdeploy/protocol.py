@@ -56,9 +56,15 @@ def build_generate_payload(request: RolloutRequest, params: SamplingParams,
     """The JSON body of one ``POST /generate`` (one response to one prompt).
 
     Args:
-        request: the prompt; ``request.images`` become ``image_data`` (see
-            :func:`encode_image`), and ``request.extra`` is merged into the body last
-            (any other ``GenerateReqInput`` field, e.g. ``mm_processor_kwargs``).
+        request: the prompt; ``input_ids`` is
+            :meth:`~gepo_xtuner.rollout.RolloutRequest.collapsed_prompt_ids`: with
+            images, the trainer's expanded prompt with each run of the image token cut
+            to one, which LMDeploy's vision preprocessing (``to_pytorch_with_input_ids``)
+            expands back to the image's feature count, markers such as InternVL's
+            ``<img>`` / ``</img>`` kept where the processor wrote them.
+            ``request.images`` become ``image_data`` (see :func:`encode_image`), and
+            ``request.extra`` is merged into the body last (any other
+            ``GenerateReqInput`` field, e.g. ``mm_processor_kwargs``).
         params: sampling settings; ``params.n`` is ignored here (one body per response).
         server_stops: ids the server stops at without being asked (the EOS ids of the
             model's tokenizer and ``generation_config.json``). When every id of
@@ -75,7 +81,9 @@ def build_generate_payload(request: RolloutRequest, params: SamplingParams,
         raise ValueError(f'LMDeploy accepts temperature in [0, 2], got {params.temperature}; '
                          'lower sampling.temperature')
     payload: dict[str, Any] = {
-        'input_ids': [int(t) for t in request.input_ids],
+        # with images: the trainer's expanded prompt, each run of image tokens cut to the
+        # one token the engine expands again (its own prompt is then the trainer's)
+        'input_ids': [int(t) for t in request.collapsed_prompt_ids()],
         'max_tokens': params.max_new_tokens,
         'temperature': params.temperature,
         'top_p': params.top_p,
