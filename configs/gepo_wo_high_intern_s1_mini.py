@@ -6,8 +6,7 @@
 #   xtuner train configs/gepo_wo_high_intern_s1_mini.py --deepspeed deepspeed_zero2
 #
 # Data layout, multi-GPU and Slurm launches: docs/cluster.md.
-_base_ = ['./_base_/paper_rl.py', './_base_/models/intern_s1_mini.py',
-           './_base_/algorithms/gepo_wo_high.py']
+_base_ = ['./_base_/models/intern_s1_mini.py', './_base_/algorithms/gepo_wo_high.py']
 
 model = dict(policy_loss={{_base_.policy_loss}})
 train_cfg = dict(advantage={{_base_.advantage}},

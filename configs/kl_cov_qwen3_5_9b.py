@@ -5,8 +5,7 @@
 #   xtuner train configs/kl_cov_qwen3_5_9b.py --deepspeed deepspeed_zero2
 #
 # Data layout, multi-GPU and Slurm launches: docs/cluster.md.
-_base_ = ['./_base_/paper_rl.py', './_base_/models/qwen3_5_9b.py',
-           './_base_/algorithms/kl_cov.py']
+_base_ = ['./_base_/models/qwen3_5_9b.py', './_base_/algorithms/kl_cov.py']
 
 model = dict(policy_loss={{_base_.policy_loss}})
 train_cfg = dict(advantage={{_base_.advantage}},

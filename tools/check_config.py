@@ -134,6 +134,7 @@ class Checker:
         self.check_paths = check_paths
         self.rows: dict[str, str] = {}
         self.inputs = None  # the policy's PolicyInputs, when its directories are here
+        self.config_json: dict | None = None  # the policy's config.json, when it is here
         self.problems: list[str] = []
         self.warnings: list[str] = []
 
@@ -259,7 +260,8 @@ class Checker:
             self.problem(where, f'{path} has no config.json: not a Hugging Face model directory')
             return 'no config.json'
         try:
-            model_type = json.loads(config.read_text(encoding='utf-8')).get('model_type')
+            self.config_json = json.loads(config.read_text(encoding='utf-8'))
+            model_type = self.config_json.get('model_type')
         except (OSError, ValueError) as exc:
             self.problem(where, f'{config} is not readable JSON ({exc})')
             return 'bad config.json'
@@ -333,6 +335,7 @@ class Checker:
                                + self.path(model.get('pretrained'), 'model.pretrained', 'model'))
         if model.get('tokenizer'):
             self.rows['tokenizer'] = self.path(model.tokenizer, 'model.tokenizer', 'model')
+        self.check_loading(model)
         self.policy_inputs(model)
         dtype = model.get('torch_dtype', 'float32')
         if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
@@ -341,6 +344,25 @@ class Checker:
         loss = self.build(POLICY_LOSSES, model.get('policy_loss'), 'model.policy_loss')
         if loss is not None:
             self.rows['policy loss'] = describe(model.policy_loss, type(loss))
+
+    def check_loading(self, model: dict) -> None:
+        """Refuses a policy this environment cannot load (transformers version, the
+        checkpoint's own code, class and processor of a vision-language model), from
+        the checkpoint's config.json where it is at hand, else the config's
+        ``policy_model_type``."""
+        import transformers
+
+        from gepo_xtuner.model.families import TEXT_MODEL_CLASS, loading_problems
+        config_json = self.config_json
+        model_type = (config_json or {}).get('model_type') or self.cfg.get('policy_model_type')
+        for problem in loading_problems(model, model_type, config_json):
+            self.problem('model', problem)
+        parts = [str(model.get('model_class', TEXT_MODEL_CLASS))]
+        if model.get('processor'):
+            parts.append('processor ' + str(model.processor))
+        if model.get('trust_remote_code'):
+            parts.append('trust_remote_code')
+        self.rows['loading'] = f'{", ".join(parts)} (transformers {transformers.__version__})'
 
     def check_data(self, loader: dict, datasets, samplers, functions) -> None:
         dataset = loader.get('dataset')

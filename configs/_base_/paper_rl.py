@@ -2,10 +2,11 @@
 # prompt at temperature 1, 256 prompts per rollout batch, minibatch 32, CISPO importance-weight
 # clipping (from the algorithm base), LMDeploy rollouts, bf16 weights.
 #
-# Experiment configs combine three bases: this file, one model base (configs/_base_/models/)
-# and one algorithm base (configs/_base_/algorithms/), and wire the algorithm's `advantage`
-# and `policy_loss` into train_cfg and model. `custom_imports` comes from the algorithm base:
-# mmengine refuses the same top-level key in two bases.
+# Experiment configs combine two bases: one model base (configs/_base_/models/, which builds
+# on this file and adds what loading its policy needs) and one algorithm base
+# (configs/_base_/algorithms/), and wire the algorithm's `advantage` and `policy_loss` into
+# train_cfg and model. `custom_imports` comes from the algorithm base: mmengine refuses the
+# same top-level key in two bases.
 #
 # Values the paper does not give are marked "not in the paper"; docs/cluster.md lists them.
 # Launch with `--deepspeed deepspeed_zero2`: bf16 weights need DeepSpeed's fp32 master copy

@@ -25,7 +25,7 @@ from .inputs import LossInputs
 from .packing import (PackedRows, pack_rows, packed_sequences, restore_attention,
                       use_packed_attention)
 
-TEXT_MODEL_CLASS = 'AutoModelForCausalLM'
+from .families import TEXT_MODEL_CLASS  # noqa: E402  (re-exported)
 PACKING_MODES = ('auto', 'on', 'off')
 
 

@@ -23,7 +23,7 @@ from .protocol import (
     hint_for,
     parse_generate_response,
 )
-from .server import LAUNCH_KEYS, LMDeployServerProcess
+from .server import LAUNCH_KEYS, LMDeployServerProcess, runs_remote_code
 from .weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
 from ..server.pool import ASLEEP, NoServerError, Server, ServerPool, is_asleep, is_ready
 
@@ -244,6 +244,8 @@ class LMDeployRolloutBackend(RolloutBackend):
         build_generate_payload` for why that matters to the chat template's stop words.
         """
         self.tokenizer = tokenizer
+        if self.server is not None and self.server.trust_remote_code is None:
+            self.server.trust_remote_code = runs_remote_code(model)  # the trainer's checkpoint
         self._server_stops = frozenset(
             _ids(getattr(tokenizer, 'eos_token_id', None))
             + _ids(getattr(getattr(model, 'generation_config', None), 'eos_token_id', None)))

@@ -17,7 +17,15 @@ SERVE_ENTRY: str = str(Path(__file__).with_name('serve_entry.py'))
 
 LAUNCH_KEYS: frozenset[str] = frozenset(
     {'model_path', 'host', 'port', 'backend', 'tp', 'python', 'extra_args', 'env', 'log_file',
-     'startup_timeout_s', 'command'})
+     'startup_timeout_s', 'command', 'trust_remote_code'})
+
+
+def runs_remote_code(model: Any) -> bool:
+    """Whether ``model`` is an instance of a checkpoint's own code (``from_pretrained`` with
+    ``trust_remote_code=True`` on a model that ships it: transformers imports that code
+    as ``transformers_modules.*``), so a server loading the same checkpoint needs
+    ``--trust-remote-code`` too."""
+    return type(model).__module__.startswith('transformers_modules')
 
 
 def free_port(host: str = '127.0.0.1') -> int:
@@ -71,6 +79,11 @@ class LMDeployServerProcess:
         log_file: where stdout and stderr go (default: a new temporary file).
         startup_timeout_s: how long :meth:`start` waits for ``GET /health`` to answer 200.
         command: full argv template replacing the default one.
+        trust_remote_code: start the server with ``--trust-remote-code`` (LMDeploy's default
+            is off): checkpoints that ship their own code (Intern-S1-mini, ``model_type``
+            ``interns1``) need it for their config, tokenizer and processor. ``None``
+            (default): as the trainer's policy, decided when the backend is attached
+            (:func:`runs_remote_code`); the server loads the same checkpoint.
     """
 
     #: the engine's name in messages
@@ -80,7 +93,8 @@ class LMDeployServerProcess:
                  port: int = 23333, backend: str = 'pytorch', tp: int = 1,
                  python: str = 'python', extra_args: list[str] | tuple[str, ...] = (),
                  env: dict[str, Any] | None = None, log_file: str | None = None,
-                 startup_timeout_s: float = 900.0, command: list[str] | None = None) -> None:
+                 startup_timeout_s: float = 900.0, command: list[str] | None = None,
+                 trust_remote_code: bool | None = None) -> None:
         if model_path is None:
             raise ValueError("launch needs model_path (the model the server loads), e.g. "
                              "launch=dict(model_path='Qwen/Qwen2.5-7B-Instruct')")
@@ -100,6 +114,7 @@ class LMDeployServerProcess:
         self.startup_timeout_s = float(startup_timeout_s)
         self.command = None if command is None else [str(a) for a in command]
         self.log_file = None if log_file is None else Path(log_file)
+        self.trust_remote_code = None if trust_remote_code is None else bool(trust_remote_code)
         self.proc: subprocess.Popen | None = None
         self._argv: list[str] = []
         self._atexit_registered = False
@@ -117,7 +132,8 @@ class LMDeployServerProcess:
         return [self.python, SERVE_ENTRY, 'serve', 'api_server', model_path,
                 '--server-name', self.host, '--server-port', str(self.port),
                 '--backend', self.backend, '--tp', str(self.tp),
-                '--logprobs-mode', 'raw_logprobs', *self.extra_args]
+                '--logprobs-mode', 'raw_logprobs',
+                *(['--trust-remote-code'] if self.trust_remote_code else []), *self.extra_args]
 
     def start(self, model_path: str | None = None) -> None:
         """Starts the server and returns once ``GET /health`` answers 200.

@@ -21,6 +21,7 @@ from ...registry import ROLLOUT_BACKENDS
 from ..base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
 from ..lmdeploy.backend import _barrier, _on_rank0, _split_urls, _world_size
 from ..lmdeploy.weights import save_weights
+from ..lmdeploy.server import runs_remote_code
 from ..server.http import HTTPPool, ServerRequestError
 from ..server.pool import NoServerError, Server, ServerPool, is_ready
 from .protocol import (
@@ -165,6 +166,8 @@ class VLLMRolloutBackend(RolloutBackend):
         given by ``server_url`` may hold anything (another run's last weights), and the
         first step must sample from the trainer's. Every rank calls it."""
         self.tokenizer = tokenizer
+        if self.server is not None and self.server.trust_remote_code is None:
+            self.server.trust_remote_code = runs_remote_code(model)  # the trainer's checkpoint
         self._ensure_server()
         if model is not None and (self.weight_sync or {}).get('mode') == 'disk':
             self._sync(model, self._pool.version, count=False)

@@ -15,7 +15,7 @@ WORKER_EXTENSION: str = 'gepo_vllm_worker.GEPOWorkerExtension'
 LAUNCH_KEYS: frozenset[str] = frozenset(
     {'model_path', 'host', 'port', 'python', 'extra_args', 'env', 'log_file',
      'startup_timeout_s', 'command', 'max_model_len', 'dtype', 'kv_cache_gib',
-     'served_model_name', 'enforce_eager'})
+     'served_model_name', 'enforce_eager', 'trust_remote_code'})
 
 
 def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
@@ -53,7 +53,7 @@ class VLLMServerProcess(LMDeployServerProcess):
         served_model_name: the name requests use (default ``'policy'``).
         enforce_eager: skip torch.compile and graph capture (default True: compiling
             takes minutes on a small CPU; set False on a GPU).
-        host, port, extra_args, env, log_file, startup_timeout_s, command: as
+        host, port, extra_args, env, log_file, startup_timeout_s, command, trust_remote_code: as
             :class:`~gepo_xtuner.rollout.lmdeploy.server.LMDeployServerProcess`.
     """
 
@@ -65,7 +65,8 @@ class VLLMServerProcess(LMDeployServerProcess):
                  log_file: str | None = None, startup_timeout_s: float = 900.0,
                  command: list[str] | None = None, max_model_len: int = 2048,
                  dtype: str = 'auto', kv_cache_gib: float = 1.0,
-                 served_model_name: str = 'policy', enforce_eager: bool = True) -> None:
+                 served_model_name: str = 'policy', enforce_eager: bool = True,
+                 trust_remote_code: bool | None = None) -> None:
         if model_path is None:
             raise ValueError("launch needs model_path (the model the vLLM server loads), e.g. "
                              "launch=dict(model_path='work_dirs/tiny_cpu/model')")
@@ -74,7 +75,7 @@ class VLLMServerProcess(LMDeployServerProcess):
                              f'{max_model_len}, {kv_cache_gib}')
         env = {'VLLM_CPU_KVCACHE_SPACE': f'{float(kv_cache_gib):g}', **server_env(env)}
         super().__init__(model_path, host, port, 'vllm', 1, python, extra_args, env, log_file,
-                         startup_timeout_s, command)
+                         startup_timeout_s, command, trust_remote_code)
         self.max_model_len = int(max_model_len)
         self.dtype = str(dtype)
         self.served_model_name = str(served_model_name)
@@ -91,6 +92,7 @@ class VLLMServerProcess(LMDeployServerProcess):
                 '--served-model-name', self.served_model_name, '--dtype', self.dtype,
                 '--max-model-len', str(self.max_model_len), '--logprobs-mode', 'raw_logprobs',
                 '--generation-config', 'vllm', *(['--enforce-eager'] if self.enforce_eager else []),
+                *(['--trust-remote-code'] if self.trust_remote_code else []),
                 '--worker-extension-cls', WORKER_EXTENSION, *self.extra_args]
 
     def command_line(self) -> str:
