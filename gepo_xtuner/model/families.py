@@ -21,6 +21,8 @@ The requirements are what each family's publisher states and what was measured h
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +73,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
     """``'4.48.0'`` -> ``(4, 48, 0)`` (pre-release suffixes ignored)."""
     out = []
     for part in version.split('.'):
-        digits = ''.join(c for c in part if c.isdigit())
+        digits = re.match(r'\d*', part).group()
         if not digits:
             break
         out.append(int(digits))

@@ -66,11 +66,25 @@ def locations(tmp_path):
                 GEPO_SMOLLM2_DIR=str(smollm2))
 
 
+# The paper's policies (Intern-S1-mini: transformers >= 4.53; Qwen3.5: 5) load only with the
+# transformers-5 overlay first on the path, and the checker refuses them without it: its
+# runs here have the overlay unless a test asks for the pinned environment (overlay=False).
+OVERLAY: list[str] = []
+
+
+@pytest.fixture(autouse=True, scope='module')
+def _transformers5(tf5_deps):
+    OVERLAY[:] = [str(tf5_deps)]
+
+
 def check(*args, env: dict[str, str] | None = None, unset=('GEPO_MODEL_PATH', 'GEPO_DATA_DIR',
-                                                           'WORLD_SIZE', 'SLURM_NTASKS')):
+                                                           'WORLD_SIZE', 'SLURM_NTASKS'),
+          overlay: bool = True):
     import os
     full = {k: v for k, v in os.environ.items() if k not in unset}
     full.update(env or {}, OMP_NUM_THREADS='1')
+    if overlay:
+        full['PYTHONPATH'] = os.pathsep.join([*OVERLAY, *filter(None, [full.get('PYTHONPATH')])])
     return preloaded.run([sys.executable, str(TOOL), *map(str, args)], cwd=ROOT, env=full,
                          capture_output=True, text=True, timeout=300, check=False)
 
@@ -82,8 +96,17 @@ def test_every_shipped_config_passes_the_checker(locations):
     ``unresolved type`` and be the only problem; once all are registered, exit status 0.
     """
     assert len(SHIPPED) >= len(PAPER) + 2 and set(PAPER) <= set(SHIPPED)
-    proc = check(*SHIPPED, '--world-size', '8', '--json', env=locations)
-    reports = {Path(r['config']).name: r for r in json.loads(proc.stdout)}
+    # each paper model's configs with a checkpoint of that model (another is refused)
+    qwen = Path(locations['GEPO_MODEL_PATH']).with_name('Qwen3.5-9B')
+    qwen.mkdir()
+    (qwen / 'config.json').write_text(json.dumps(dict(model_type='qwen3_5')))
+    rest = [p for p in SHIPPED if not p.name.endswith('_qwen3_5_9b.py')]
+    proc = check(*rest, '--world-size', '8', '--json', env=locations)
+    second = check(*sorted(set(SHIPPED) - set(rest)), '--world-size', '8', '--json',
+                   env=dict(locations, GEPO_MODEL_PATH=str(qwen)))
+    reports = {Path(r['config']).name: r
+               for r in json.loads(proc.stdout) + json.loads(second.stdout)}
+    assert second.returncode == proc.returncode
     assert sorted(reports) == sorted(p.name for p in SHIPPED)
     for name, report in reports.items():
         unresolved = [p for p in report['problems'] if 'unresolved type' in p]
@@ -107,6 +130,46 @@ def test_every_shipped_config_passes_the_checker(locations):
         assert rows['sampling'].startswith('temperature 1.0, top_p 1.0, top_k 0')
         assert rows['rollout'].startswith('LMDeployRolloutBackend')
         assert rows['dtype'] == 'bfloat16' and '--deepspeed deepspeed_zero2' in rows['runner']
+
+
+def test_the_pinned_environment_refuses_the_paper_models(locations, tmp_path):
+    """Without the overlay (transformers 4.48, xtuner's pin) neither paper policy loads: the
+    checker says so with the version and the fix, for each config, instead of a run that
+    fails minutes into the job."""
+    proc = check(ROOT / 'configs' / 'gepo_intern_s1_mini.py', ROOT / 'configs' /
+                 'grpo_qwen3_5_9b.py', '--world-size', '8', env=locations, overlay=False)
+    assert proc.returncode == 1
+    assert ("gepo_intern_s1_mini.py: model: model_type 'interns1' (Intern-S1) needs "
+            'transformers >= 4.53, and this environment has 4.48') in proc.stderr
+    assert "grpo_qwen3_5_9b.py: model: model_type 'interns1'" in proc.stderr  # its config.json
+    assert 'make tf5-deps' in proc.stderr
+    qwen = tmp_path / 'qwen'
+    qwen.mkdir()
+    (qwen / 'config.json').write_text(json.dumps(dict(model_type='qwen3_5')))
+    proc = check(ROOT / 'configs' / 'grpo_qwen3_5_9b.py', '--world-size', '8',
+                 env=dict(locations, GEPO_MODEL_PATH=str(qwen)), overlay=False)
+    assert "model_type 'qwen3_5' (Qwen3.5) needs transformers >= 5.0" in proc.stderr
+    proc = check(ROOT / 'configs' / 'grpo_qwen3_5_9b.py', '--world-size', '8',
+                 env=dict(locations, GEPO_MODEL_PATH=str(qwen)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_policy_missing_what_loading_needs_is_refused(locations):
+    """Intern-S1's own code without trust_remote_code, and without its processor: each
+    named with the key to set."""
+    config = json.loads((Path(locations['GEPO_MODEL_PATH']) / 'config.json').read_text())
+    (Path(locations['GEPO_MODEL_PATH']) / 'config.json').write_text(
+        json.dumps(dict(config, auto_map={'AutoConfig': 'configuration_interns1.InternS1Config'})))
+    proc = check(ROOT / 'configs' / 'gepo_intern_s1_mini.py', '--world-size', '8',
+                 '--cfg-options', 'model.trust_remote_code=False', 'model.processor=',
+                 env=locations)
+    assert proc.returncode == 1
+    assert 'set model.trust_remote_code=True' in proc.stdout
+    assert 'set model.processor (the checkpoint directory)' in proc.stdout
+    proc = check(ROOT / 'configs' / 'gepo_intern_s1_mini.py', '--world-size', '8', env=locations)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ('loading                      AutoModelForCausalLM, processor '
+            f'{locations["GEPO_MODEL_PATH"]}, trust_remote_code (transformers 5.') in proc.stdout
 
 
 def test_report_is_a_readable_table(locations):
