@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    'ANSWER_TOKENS', 'OUTPUT_TOKENS', 'REWARD_KINDS', 'SmokeGeometry', 'SmokePlan', 'TinyFamily',
-    'answer_candidates', 'build_smoke_model', 'build_smoke_tokenizer', 'calibrate_records',
-    'choose_family', 'domains_of', 'make_records', 'micro_batch_interface', 'prepare_smoke_run',
-    'reward_kind', 'sample_completions', 'scale_geometry', 'smoke_config', 'step_metrics',
-    'train_command'
+    'ANSWER_TOKENS', 'IMAGE_PLACEHOLDER', 'IMAGE_TOKENS', 'OUTPUT_TOKENS', 'REWARD_KINDS',
+    'SmokeGeometry', 'SmokePlan', 'TinyFamily', 'add_images', 'answer_candidates',
+    'build_smoke_model', 'build_smoke_tokenizer', 'calibrate_records', 'choose_family',
+    'domains_of', 'make_records', 'micro_batch_interface', 'prepare_smoke_run', 'reward_kind',
+    'sample_completions', 'scale_geometry', 'smoke_config', 'step_metrics', 'train_command'
 ]
 
 # ---------------------------------------------------------------------------------------
@@ -68,7 +68,15 @@ ANSWER_TOKENS: tuple[str, ...] = ('1', '2', 'A', 'B')
 PROMPT_CHARS: frozenset[str] = frozenset(t for t in OUTPUT_TOKENS if len(t) == 1)
 
 
-def build_smoke_tokenizer(model_max_length: int = 256):
+#: Intern-S1's image tokens (start, end, context, video), appended to the vocabulary of a
+#: vision-language smoke tokenizer: ``<IMG_CONTEXT>`` once per image in a prompt, which
+#: the processor expands to ``<img>`` + ``<IMG_CONTEXT>`` x (tokens per tile x tiles) +
+#: ``</img>``.
+IMAGE_TOKENS: tuple[str, ...] = ('<img>', '</img>', '<IMG_CONTEXT>', '<video>')
+IMAGE_PLACEHOLDER = '<IMG_CONTEXT>'
+
+
+def build_smoke_tokenizer(model_max_length: int = 256, vision: bool = False):
     """A word-level tokenizer over :data:`SPECIAL_TOKENS` + :data:`OUTPUT_TOKENS`.
 
     Text is split into single characters (each in the vocabulary); the phrase token
@@ -77,6 +85,9 @@ def build_smoke_tokenizer(model_max_length: int = 256):
 
     Args:
         model_max_length: the tokenizer's maximum sequence length.
+        vision: also :data:`IMAGE_TOKENS` (after every other id, so the text ids are the
+            same), as the tokenizer's ``start_image_token`` / ``end_image_token`` /
+            ``context_image_token`` / ``video_token`` (what ``InternVLProcessor`` reads).
 
     Returns:
         A ``transformers.PreTrainedTokenizerFast`` built locally (nothing downloaded).
@@ -84,16 +95,24 @@ def build_smoke_tokenizer(model_max_length: int = 256):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + OUTPUT_TOKENS)}
+    tokens = SPECIAL_TOKENS + OUTPUT_TOKENS + (IMAGE_TOKENS if vision else ())
+    vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token='<unk>'))
     core.pre_tokenizer = pre_tokenizers.Split(Regex('[\\s\\S]'), behavior='isolated')
     core.post_processor = processors.TemplateProcessing(
         single='<bos> $A', pair='<bos> $A $B:1', special_tokens=[('<bos>', BOS_ID)])
     core.decoder = decoders.Fuse()
+    extra: dict[str, Any] = {}
+    if vision:
+        core.add_special_tokens(list(IMAGE_TOKENS))  # matched whole, before the split
+        extra = dict(additional_special_tokens=list(IMAGE_TOKENS), extra_special_tokens=dict(
+            zip(('start_image_token', 'end_image_token', 'context_image_token', 'video_token'),
+                IMAGE_TOKENS)))
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token='<pad>', bos_token='<bos>', eos_token='<eos>',
         unk_token='<unk>', padding_side='left', clean_up_tokenization_spaces=False,
-        model_max_length=model_max_length, model_input_names=['input_ids', 'attention_mask'])
+        model_max_length=model_max_length, model_input_names=['input_ids', 'attention_mask'],
+        **extra)
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,8 +125,9 @@ class TinyFamily:
     """The architecture a smoke run uses in place of the config's model.
 
     Attributes:
-        name: ``'qwen3'`` or ``'qwen2'``.
-        model_class: the ``transformers`` causal-LM class name.
+        name: ``'qwen3'``, ``'qwen2'`` or ``'internvl'`` (a vision-language model:
+            InternViT + Qwen3, Intern-S1's layout; :mod:`~gepo_xtuner.testbed.tiny_interns1`).
+        model_class: the ``transformers`` model class name.
         config_class: its config class name.
         reason: one sentence on why this family stands in for the config's model.
     """
@@ -116,6 +136,11 @@ class TinyFamily:
     model_class: str
     config_class: str
     reason: str
+
+    @property
+    def vision(self) -> bool:
+        """A vision-language model: the smoke records then carry images."""
+        return self.name == 'internvl'
 
 
 #: policy_model_type -> (what its language model is, the family that stands in for it)
@@ -129,11 +154,22 @@ _LANGUAGE_MODELS: dict[str, str] = {
 }
 
 
+#: policy_model_type -> why the tiny Intern-S1-shaped VLM stands in for it
+VISION_TYPES: dict[str, str] = {
+    'interns1': 'Intern-S1-mini is InternViT + a pixel-shuffle projector + Qwen3: a tiny VLM of '
+                'that layout (native InternVL classes, image tiles, <img>/<IMG_CONTEXT> '
+                'expansion) trains on image and text records',
+}
+
+
 def choose_family(policy_model_type: str | None) -> TinyFamily:
     """The tiny family standing in for a config's ``policy_model_type``.
 
-    Qwen3 when the installed ``transformers`` has ``Qwen3ForCausalLM`` (4.51 and later),
-    else Qwen2, its predecessor (same decoder layout, no q/k norms); configs without a
+    For Intern-S1 (``interns1``) the tiny Intern-S1-shaped VLM where the installed
+    ``transformers`` has the ``internvl`` classes (4.52 and later; in this repository the
+    transformers-5 overlay), else its language model alone. Otherwise Qwen3 when the
+    installed ``transformers`` has ``Qwen3ForCausalLM`` (4.51 and later), else Qwen2, its
+    predecessor (same decoder layout, no q/k norms); configs without a
     ``policy_model_type`` (the tiny CPU configs, whose policy is a Qwen2) get Qwen2.
 
     Args:
@@ -146,6 +182,18 @@ def choose_family(policy_model_type: str | None) -> TinyFamily:
     import transformers
 
     have_qwen3 = hasattr(transformers, 'Qwen3ForCausalLM')
+    if policy_model_type in VISION_TYPES:
+        if hasattr(transformers, 'InternVLForConditionalGeneration'):
+            return TinyFamily('internvl', 'InternVLForConditionalGeneration', 'InternVLConfig',
+                              VISION_TYPES[policy_model_type])
+        why = (f'{_LANGUAGE_MODELS[policy_model_type]}; the Intern-S1-shaped VLM needs the '
+               f'internvl classes (transformers >= 4.52), and transformers '
+               f'{transformers.__version__} has none, so text records only (run with the '
+               'transformers-5 overlay for images: docs/transformers5.md)')
+        if have_qwen3:
+            return TinyFamily('qwen3', 'Qwen3ForCausalLM', 'Qwen3Config', why)
+        return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
+                          f'{why}; no Qwen3ForCausalLM either, so its predecessor Qwen2')
     if policy_model_type is None:
         return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
                           'the config sets no policy_model_type; its tiny CPU policy is a Qwen2')
@@ -163,7 +211,7 @@ def choose_family(policy_model_type: str | None) -> TinyFamily:
 
 def build_smoke_model(family: TinyFamily, vocab_size: int, seed: int = 0,
                       logit_std: float = 3.0, eos_scale: float = 2.5,
-                      answer_scale: float = 2.0):
+                      answer_scale: float = 2.0, image_token_id: int | None = None):
     """A tiny float32 decoder of ``family`` with peaked next-token distributions.
 
     Layers are initialised as ``transformers`` does; the (untied) LM head is then
@@ -183,6 +231,10 @@ def build_smoke_model(family: TinyFamily, vocab_size: int, seed: int = 0,
         logit_std: target standard deviation of the logits.
         eos_scale: factor on the ``<eos>`` row of the LM head.
         answer_scale: factor on the rows of :data:`ANSWER_TOKENS`.
+        image_token_id: for a vision family, the id of :data:`IMAGE_PLACEHOLDER`. Its
+            vision tower is :mod:`~gepo_xtuner.testbed.tiny_interns1`'s (InternViT, 1
+            layer of width 32, 56-pixel tiles, 4 image tokens per tile); its language
+            model is the Qwen3 decoder below.
 
     Returns:
         The model (``transformers.PreTrainedModel``), in eval mode.
@@ -196,9 +248,15 @@ def build_smoke_model(family: TinyFamily, vocab_size: int, seed: int = 0,
                max_position_embeddings=512, tie_word_embeddings=False, attention_dropout=0.0,
                rope_theta=10_000.0, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
                eos_token_id=EOS_ID, torch_dtype='float32', use_cache=True)
-    if family.name == 'qwen3':
+    if family.name in ('qwen3', 'internvl'):
         cfg['head_dim'] = hidden // 4
-    config = getattr(transformers, family.config_class)(**cfg)
+    if family.vision:
+        from .tiny_interns1 import internvl_config
+        if image_token_id is None:
+            raise ValueError('a vision family needs image_token_id (the <IMG_CONTEXT> id)')
+        config = internvl_config(transformers.Qwen3Config(**cfg), image_token_id)
+    else:
+        config = getattr(transformers, family.config_class)(**cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, family.model_class)(config).float()
@@ -305,10 +363,52 @@ def make_records(domains: Mapping[str, str], n_per_domain: int,
     return [rec for group in zip(*per_domain) for rec in group]
 
 
+#: picture sizes (width, height) of smoke images, in turn: 1, 3 and 5 tiles of the tiny VLM
+IMAGE_SIZES: tuple[tuple[int, int], ...] = ((56, 56), (112, 56), (112, 112))
+
+
+def add_images(records: Sequence[dict[str, Any]], data_dir: str | Path, split: str,
+               every: int = 2) -> list[dict[str, Any]]:
+    """Records with a picture on every ``every``-th one (from the first), for a VLM smoke run.
+
+    The picture (squares of a colour, :data:`IMAGE_SIZES` in turn, so prompts carry 1, 3 or
+    5 tiles) is written to ``data_dir/images/<split>-<id>.png`` and named relative to the
+    data files, as records name their images; :data:`IMAGE_PLACEHOLDER` opens the prompt.
+    The others stay text-only, so batches mix both.
+
+    Args:
+        records: from :func:`make_records`; not modified.
+        data_dir: the directory of the JSONL files.
+        split: ``'train'`` or ``'val'`` (keeps the two splits' files apart).
+        every: one record in ``every`` gets a picture.
+    """
+    from .tiny_vl import COLOURS, draw_squares
+
+    out = []
+    colours = sorted(COLOURS)
+    for i, record in enumerate(records):
+        record = dict(record)
+        if i % every == 0:
+            name = f'images/{split}-{record["id"]}.png'
+            size = IMAGE_SIZES[(i // every) % len(IMAGE_SIZES)]
+            draw_squares(Path(data_dir) / name, colours[i % len(colours)], 1 + i % 2, size=size)
+            record.update(images=[name], prompt=IMAGE_PLACEHOLDER + record['prompt'])
+        out.append(record)
+    return out
+
+
+def _with_paths(record: Mapping[str, Any], root: Path | None) -> dict[str, Any]:
+    """``record`` with its images as paths under ``root`` (as the dataset resolves them)."""
+    if not record.get('images') or root is None:
+        return dict(record)
+    return dict(record, images=[str(root / p) for p in record['images']])
+
+
 def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, Any]], k: int,
                        *, template: str = '{prompt}', temperature: float = 1.0,
                        top_p: float = 1.0, top_k: int = 0, max_new_tokens: int = 12,
-                       seed: int = 0, batch_size: int = 512) -> list[list[str]]:
+                       seed: int = 0, batch_size: int = 512, processor: Any = None,
+                       image_root: str | Path | None = None) -> list[list[str]]:
     """``k`` sampled completions per record, decoded without special tokens.
 
     Prompts are encoded as the RL loop encodes them
@@ -325,6 +425,10 @@ def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, A
         max_new_tokens: response token limit.
         seed: sampling seed (the global torch RNG is restored afterwards).
         batch_size: sequences per ``generate`` call.
+        processor: a VLM's processor, for records with images (encoded as the RL loop
+            encodes them, :func:`~gepo_xtuner.engine.step.prompt_encoding.encode_request`;
+            each such record is one ``generate`` call of its ``k`` rows).
+        image_root: the directory the records' image paths are relative to.
 
     Returns:
         One list of ``k`` strings per record, in order.
@@ -333,11 +437,29 @@ def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, A
 
     from ..data.prompts import encode_prompt
 
-    ids = [encode_prompt(tokenizer, r, template) for r in records]
+    root = None if image_root is None else Path(image_root)
+    pictured = {i for i, r in enumerate(records) if r.get('images')}
+    ids = [encode_prompt(tokenizer, r, template) for i, r in enumerate(records)
+           if i not in pictured]
     rows = [p for p in ids for _ in range(k)]
     texts: list[str] = []
+    by_record: dict[int, list[str]] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
+        if pictured:
+            from ..engine.step.prompt_encoding import encode_request
+        for i in sorted(pictured):
+            request = encode_request(_with_paths(records[i], root), tokenizer, processor,
+                                     template)
+            prompt = torch.tensor([request.prompt_ids] * k)
+            mm = {key: torch.cat([value] * k) for key, value in request.mm_inputs.items()}
+            out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **mm,
+                                 do_sample=True, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, max_new_tokens=max_new_tokens,
+                                 pad_token_id=tokenizer.pad_token_id,
+                                 eos_token_id=tokenizer.eos_token_id)
+            by_record[i] = tokenizer.batch_decode(out[:, prompt.shape[1]:],
+                                                  skip_special_tokens=True)
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             width = max(map(len, chunk))
@@ -350,7 +472,9 @@ def sample_completions(model: Any, tokenizer: Any, records: Sequence[dict[str, A
                                  pad_token_id=tokenizer.pad_token_id,
                                  eos_token_id=tokenizer.eos_token_id)
             texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    return [texts[i * k:(i + 1) * k] for i in range(len(records))]
+    plain = iter(range(len(records) - len(pictured)))
+    return [by_record[i] if i in pictured else texts[(j := next(plain)) * k:(j + 1) * k]
+            for i in range(len(records))]
 
 
 _NUMBER = re.compile(r'[-+]?\d+(?:\.\d+)?')
@@ -592,7 +716,8 @@ def micro_batch_interface(loop_cls: type) -> str:
 
 
 def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps: int,
-                 geometry: SmokeGeometry, interface: str, max_new_tokens: int) -> dict[str, Any]:
+                 geometry: SmokeGeometry, interface: str, max_new_tokens: int,
+                 model_class: str | None = None) -> dict[str, Any]:
     """The config of a smoke run: ``cfg`` with model, data, batches and runtime replaced.
 
     Replaced: the model directory (``model.pretrained``; float32, the standard causal-LM
@@ -611,6 +736,9 @@ def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps
         geometry: from :func:`scale_geometry`.
         interface: :func:`micro_batch_interface` of the installed loop.
         max_new_tokens: response token limit.
+        model_class: the tiny model's ``from_pretrained`` class when it is not the
+            standard causal LM (a VLM: ``'AutoModelForImageTextToText'``, whose processor
+            is then read from ``model_dir``).
 
     Returns:
         A plain dict config (dump it with ``mmengine.Config(...).dump``).
@@ -620,6 +748,8 @@ def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps
     model.update(pretrained=model_dir, torch_dtype='float32')
     for key in ('tokenizer', 'processor', 'model_class', 'trust_remote_code'):
         model.pop(key, None)
+    if model_class is not None:
+        model['model_class'] = model_class
     loader = out['train_dataloader']
     loader['batch_size'] = geometry.prompts_per_rank
     loader['num_workers'] = 0
@@ -785,17 +915,21 @@ def _store_prepared(cache: Path, out_dir: Path, meta: Mapping[str, Any]) -> None
 def _prepare_model_and_records(out_dir: Path, family: TinyFamily, tok: Any,
                                kinds: Mapping[str, str], router: Any,
                                train: list[dict[str, Any]], *, k: int, n_train: int, n_val: int,
-                               seeds: Sequence[int], sample_args: Mapping[str, Any]
-                               ) -> dict[str, Any]:
+                               seeds: Sequence[int], sample_args: Mapping[str, Any],
+                               processor: Any = None) -> dict[str, Any]:
     """The seed search and the calibration of :func:`prepare_smoke_run`: writes
     ``out_dir/model`` and ``out_dir/data``; returns ``{'seed', 'rewards'}`` (the train
-    split's report)."""
+    split's report). A VLM's records carry images under ``out_dir/data/images``."""
+    data_dir = out_dir / 'data'
+    images = dict(processor=processor, image_root=data_dir) if family.vision else {}
+    image_id = tok.convert_tokens_to_ids(IMAGE_PLACEHOLDER) if family.vision else None
     probe = [r for r in train if kinds[r['domain']] != 'code'][:4 * len(kinds)]
     best: tuple[float, int] | None = None
     for seed in seeds:
-        model = build_smoke_model(family, len(tok), seed)
+        model = build_smoke_model(family, len(tok), seed, image_token_id=image_id)
         _, report = calibrate_records(probe, kinds,
-                                      sample_completions(model, tok, probe, k, **sample_args),
+                                      sample_completions(model, tok, probe, k, **sample_args,
+                                                         **images),
                                       router.fn_for)
         worst = min((v['mixed_groups'] for v in report.values()), default=1.0)
         if best is None or worst > best[0]:
@@ -804,15 +938,18 @@ def _prepare_model_and_records(out_dir: Path, family: TinyFamily, tok: Any,
             break
     assert best is not None
     seed = best[1]
-    model = build_smoke_model(family, len(tok), seed)
-    model_dir, data_dir = out_dir / 'model', out_dir / 'data'
+    model = build_smoke_model(family, len(tok), seed, image_token_id=image_id)
+    model_dir = out_dir / 'model'
     model.save_pretrained(model_dir, safe_serialization=True)
-    tok.save_pretrained(model_dir)
+    (processor if processor is not None else tok).save_pretrained(model_dir)
     splits = {}
     for split, n, s in (('train', n_train, 0), ('val', n_val, 1)):
         drafts = train if split == 'train' else make_records(kinds, 2 * n, seed=s)
+        if family.vision and split == 'val':
+            drafts = add_images(drafts, data_dir, split)
         done, report = calibrate_records(
-            drafts, kinds, sample_completions(model, tok, drafts, k, seed=s, **sample_args),
+            drafts, kinds,
+            sample_completions(model, tok, drafts, k, seed=s, **sample_args, **images),
             router.fn_for, keep=n)
         for rec in done:
             rec['id'] = f'{split}-{rec["id"]}'
@@ -886,7 +1023,11 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
         raise ValueError('train_cfg.rewards is missing: not an RL config of gepo_xtuner')
     kinds = domains_of(loop['rewards'])
     family = choose_family(cfg.get('policy_model_type'))
-    tok = build_smoke_tokenizer()
+    tok = build_smoke_tokenizer(vision=family.vision)
+    processor = None
+    if family.vision:
+        from .tiny_interns1 import build_interns1_processor
+        processor = build_interns1_processor(tok)
     k = int(loop.get('num_responses', 8))
     per_rank = int(cfg['train_dataloader']['batch_size'])
     minibatch = int(loop.get('minibatch_responses_per_rank', 32)) * world_size
@@ -898,6 +1039,8 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
                        top_k=int(sampling.get('top_k', 0) or 0), max_new_tokens=max_new_tokens)
     train = make_records(kinds, 2 * n_train, seed=0)  # calibration keeps the better half
     model_dir, data_dir = out_dir / 'model', out_dir / 'data'
+    if family.vision:
+        train = add_images(train, data_dir, 'train')
     cache = None if cache_dir is None else Path(cache_dir) / _prepared_key(dict(
         family=[family.name, family.model_class], rewards=_plain(loop['rewards']), k=k, sampling=sample_args,
         n_train=n_train, n_val=n_val, seeds=list(seeds)))
@@ -906,24 +1049,32 @@ def prepare_smoke_run(cfg: Mapping[str, Any], out_dir: str | Path, *, steps: int
     if meta is None:
         meta = _prepare_model_and_records(
             out_dir, family, tok, kinds, RewardRouter(loop['rewards']), train, k=k, n_train=n_train, n_val=n_val,
-            seeds=seeds, sample_args=sample_args)
+            seeds=seeds, sample_args=sample_args, processor=processor)
         if cache is not None:
             _store_prepared(cache, out_dir, meta)
     seed = int(meta['seed'])
-    prompt_tokens = max(len(tok(sample_args['template'].format(**r))['input_ids'])
-                        for r in train)
+    if family.vision:  # images expand to their tiles' tokens
+        from ..engine.step.prompt_encoding import encode_request
+        prompt_tokens = max(len(encode_request(_with_paths(r, data_dir), tok, processor,
+                                               sample_args['template']).prompt_ids)
+                            for r in train)
+    else:
+        prompt_tokens = max(len(tok(sample_args['template'].format(**r))['input_ids'])
+                            for r in train)
     geometry = scale_geometry(k, per_rank * world_size, minibatch, world_size,
                               prompt_tokens + max_new_tokens)
     from mmengine.registry import LOOPS
     interface = micro_batch_interface(LOOPS.get('RLTrainLoop'))
     smoke = smoke_config(cfg, model_dir=str(model_dir), data_dir=str(data_dir), steps=steps,
-                         geometry=geometry, interface=interface, max_new_tokens=max_new_tokens)
+                         geometry=geometry, interface=interface, max_new_tokens=max_new_tokens,
+                         model_class='AutoModelForImageTextToText' if family.vision else None)
     config_path = out_dir / 'smoke_config.py'
     Config(smoke).dump(str(config_path))
     replaced = {
         'model': (f'{cfg.get("policy_name") or cfg["model"].get("pretrained")} '
                   f'({cfg["model"].get("torch_dtype", "float32")})',
-                  f'tiny random {family.model_class} (float32, seed {seed})'),
+                  f'tiny random {family.model_class} (float32, seed {seed})'
+                  + (', image records of 1, 3 and 5 tiles' if family.vision else '')),
         'rollout': (_describe_type(loop.get('rollout')),
                     'HFRolloutBackend (LMDeploy needs a GPU; HF generate in the trainer)'),
         'max_new_tokens': (str(sampling.get('max_new_tokens')), str(max_new_tokens)),

@@ -130,18 +130,7 @@ def build_tiny_interns1_model(tokenizer: Any, seed: int, **overrides: Any) -> An
         rope_theta=10_000.0, tie_word_embeddings=False, attention_dropout=0.0,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None)
-    vision = transformers.InternVLVisionConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=[TILE, TILE], patch_size=[PATCH, PATCH], use_qk_norm=False,
-        norm_type='layer_norm', layer_scale_init_value=0.1, use_mean_pooling=True,
-        attention_dropout=0.0, projection_dropout=0.0, hidden_dropout_prob=0.0)
-    cfg = dict(vision_config=vision, text_config=text, image_token_id=ids(IMG_CONTEXT),
-               downsample_ratio=DOWNSAMPLE, projector_hidden_act='gelu',
-               vision_feature_layer=-1, vision_feature_select_strategy='default',
-               # the top-level flag decides tying whatever text_config says
-               tie_word_embeddings=False)
-    cfg.update(overrides)
-    config = transformers.InternVLConfig(**cfg)
+    config = internvl_config(text, ids(IMG_CONTEXT), **overrides)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     with torch.random.fork_rng(devices=[]):
@@ -151,6 +140,30 @@ def build_tiny_interns1_model(tokenizer: Any, seed: int, **overrides: Any) -> An
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None
     return model.eval()
+
+
+def internvl_config(text_config: Any, image_token_id: int, **overrides: Any) -> Any:
+    """``InternVLConfig`` of the tiny vision tower (InternViT, 1 layer of width 32, 56-pixel
+    tiles, patch 14, pixel shuffle 0.5: 4 tokens per tile) over ``text_config``.
+
+    Args:
+        text_config: the language model's config (a ``Qwen3Config``).
+        image_token_id: the id of ``<IMG_CONTEXT>``.
+        **overrides: top-level ``InternVLConfig`` fields.
+    """
+    transformers = _require_internvl()
+    vision = transformers.InternVLVisionConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        image_size=[TILE, TILE], patch_size=[PATCH, PATCH], use_qk_norm=False,
+        norm_type='layer_norm', layer_scale_init_value=0.1, use_mean_pooling=True,
+        attention_dropout=0.0, projection_dropout=0.0, hidden_dropout_prob=0.0)
+    cfg = dict(vision_config=vision, text_config=text_config, image_token_id=image_token_id,
+               downsample_ratio=DOWNSAMPLE, projector_hidden_act='gelu',
+               vision_feature_layer=-1, vision_feature_select_strategy='default',
+               # the top-level flag decides tying whatever text_config says
+               tie_word_embeddings=bool(getattr(text_config, 'tie_word_embeddings', False)))
+    cfg.update(overrides)
+    return transformers.InternVLConfig(**cfg)
 
 
 def save_tiny_interns1(out_dir: str | os.PathLike, seed: int = 0) -> Path:

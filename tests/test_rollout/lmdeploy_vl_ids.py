@@ -21,6 +21,9 @@ and then does to the body what LMDeploy's server does with it:
   (``lmdeploy/vl/engine.py``) with the vision model ``load_vl_model`` picks for the
   checkpoint: the ids and pixel tensors the PyTorch engine is given.
 
+It also lists the names a weight push sends next to the checkpoint's own (what LMDeploy
+loads at start, ``load_weights`` of ``lmdeploy/pytorch/models/internvl3_hf.py`` included).
+
 It prints one JSON object: per model family and record, whether the engine's ids equal
 the trainer's ``model_input_ids``, the largest pixel difference, whether each image's
 offset is where the trainer's run of image tokens starts, and the same for the body of
@@ -98,6 +101,20 @@ def _compare(request, engine: dict) -> dict:
     return out
 
 
+def _push_names(model_dir: Path) -> dict:
+    """The names a weight push sends (``named_weights`` of the model as the trainer loads
+    it) against the checkpoint's own, which the server's loader reads at start."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from gepo_xtuner.rollout.lmdeploy.weights import named_weights
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    pushed = [name for name, _ in named_weights(model)]
+    on_disk = sorted(load_file(str(model_dir / 'model.safetensors')))
+    return dict(pushed=pushed, on_disk=on_disk,
+                module_names=[name for name, _ in model.named_parameters()])
+
+
 def main(out_dir: str) -> None:
     from lmdeploy.messages import PytorchEngineConfig
     from lmdeploy.vl.engine import ImageEncoder
@@ -126,7 +143,8 @@ def main(out_dir: str) -> None:
                 old=_compare(request, _engine_side(encoder, old)),
                 tiles=(int(request.mm_inputs['pixel_values'].shape[0])
                        if request.mm_inputs else 0))
-        report[family] = dict(vision_model=type(encoder.model).__name__, records=rows)
+        report[family] = dict(vision_model=type(encoder.model).__name__, records=rows,
+                              push=_push_names(model_dir))
     print("REPORT " + json.dumps(report))
 
 

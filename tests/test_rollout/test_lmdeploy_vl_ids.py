@@ -64,3 +64,18 @@ def test_the_bare_placeholder_form_gives_internvl_another_context(report):
             assert not old['ids_equal'], name
             assert old['trainer_len'] - old['engine_len'] == 2 * old['images'], (name, old)
     assert all(row['old']['ids_equal'] for row in report['qwen2_vl']['records'].values())
+
+
+@pytest.mark.parametrize('family', ['internvl', 'qwen2_vl'])
+def test_a_weight_push_names_every_tensor_as_the_checkpoint_does(report, family):
+    """The push covers the vision tower and projector under the checkpoint's names, which
+    differ from the module names on transformers 5 (``model.language_model.X`` is
+    ``language_model.model.X`` for InternVL): LMDeploy's InternVL loader sends names
+    starting ``language_model.`` to the language model and looks every other one up
+    among ``vision_tower.*`` / ``multi_modal_projector.*``."""
+    push = report[family]['push']
+    assert push['pushed'] and sorted(push['pushed']) == push['on_disk']
+    assert push['module_names'] != push['pushed']  # the renaming is real, and undone
+    if family == 'internvl':
+        prefixes = {name.split('.')[0] for name in push['pushed']}
+        assert prefixes == {'language_model', 'vision_tower', 'multi_modal_projector'}

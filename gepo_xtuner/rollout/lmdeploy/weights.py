@@ -24,6 +24,7 @@ import base64
 import concurrent.futures as cf
 import io
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -91,14 +92,49 @@ def named_weights(model: nn.Module, dtype: torch.dtype | None = None,
                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every parameter, under Hugging Face checkpoint names.
 
-    Tied parameters appear once (under the first name, e.g. the embedding), as in a
-    saved checkpoint. Tensors are detached, contiguous, optionally cast and moved.
+    The names are those ``save_pretrained`` writes (:func:`checkpoint_items`), which
+    is what an engine's loader reads: for a vision-language model on transformers >=
+    4.52 they differ from the module names (InternVL: ``model.language_model.X`` is
+    ``language_model.model.X`` in the checkpoint, ``model.vision_tower.X`` is
+    ``vision_tower.X``). Tied parameters appear once (under the first name, e.g. the
+    embedding), as in a saved checkpoint. Tensors are detached, contiguous, optionally
+    cast and moved.
     """
-    for name, param in model.named_parameters():
-        t = param.detach()
+    for name, t in checkpoint_items(model):
         if dtype is not None or device is not None:
             t = t.to(dtype=dtype or t.dtype, device=device or t.device)
         yield name, t.contiguous()
+
+
+def checkpoint_items(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The model's parameters (detached) under the names its ``save_pretrained`` writes.
+
+    transformers 5 keeps the renaming it applied at load (or its default one for the
+    class) and reverts it on save (``revert_weight_conversion``); 4.52 to 4.57 reverse
+    ``_checkpoint_conversion_mapping`` on save; older versions save the module names.
+    The same is done here, so weights pushed to a server arrive under the names the
+    server's loader reads from the checkpoint on disk.
+    """
+    items = [(name, param.detach()) for name, param in model.named_parameters()]
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4
+        revert_weight_conversion = None
+    if revert_weight_conversion is not None and hasattr(model, 'config'):
+        return list(revert_weight_conversion(model, dict(items)).items())
+    mapping = getattr(model, '_checkpoint_conversion_mapping', None) or {}
+    if not mapping:
+        return items
+    reverse = {replacement: pattern for pattern, replacement in mapping.items()}
+    out = []
+    for name, tensor in items:
+        for pattern, replacement in reverse.items():
+            replacement = re.sub(r'\(.*\)', '', replacement.lstrip('^'))
+            name, hits = re.subn(pattern, replacement, name)
+            if hits:
+                break
+        out.append((name, tensor))
+    return out
 
 
 def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int
