@@ -193,7 +193,8 @@ def choose_family(policy_model_type: str | None) -> TinyFamily:
         if have_qwen3:
             return TinyFamily('qwen3', 'Qwen3ForCausalLM', 'Qwen3Config', why)
         return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
-                          f'{why}; no Qwen3ForCausalLM either, so its predecessor Qwen2')
+                          f'{why}; it has no Qwen3ForCausalLM either, so its predecessor Qwen2 '
+                          'is used')
     if policy_model_type is None:
         return TinyFamily('qwen2', 'Qwen2ForCausalLM', 'Qwen2Config',
                           'the config sets no policy_model_type; its tiny CPU policy is a Qwen2')

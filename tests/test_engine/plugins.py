@@ -20,7 +20,7 @@ from mmengine.registry import HOOKS
 from gepo_xtuner.advantage import AdvantageShaper
 from gepo_xtuner.advantage.base import EntropyBand, Shaping
 from gepo_xtuner.registry import ADVANTAGES, REWARDS, ROLLOUT_BACKENDS
-from gepo_xtuner.rollout import HFRolloutBackend, VLLMRolloutBackend
+from gepo_xtuner.rollout import HFRolloutBackend, LMDeployRolloutBackend, VLLMRolloutBackend
 
 from .fingerprint import weights_fingerprint
 
@@ -135,3 +135,17 @@ class RecordingVLLMRolloutBackend(VLLMRolloutBackend):
         with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return out
+
+
+@ROLLOUT_BACKENDS.register_module()
+class BareImageIdsLMDeployBackend(LMDeployRolloutBackend):
+    """A test double of the image payload LMDeploy was sent before: the chat template's bare
+    image placeholder (``RolloutRequest.input_ids``) instead of the trainer's expanded
+    prompt with collapsed runs. For InternVL, LMDeploy then expands it without the
+    ``<img>`` / ``</img>`` the trainer's context has: the negative control of
+    ``tests/test_rollout/test_lmdeploy_vl_server.py``."""
+
+    def generate(self, requests, params):
+        import dataclasses
+        bare = [dataclasses.replace(r, image_token_id=None) for r in requests]
+        return super().generate(bare, params)

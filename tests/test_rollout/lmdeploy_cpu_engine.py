@@ -37,7 +37,7 @@ import torch
 import uvicorn
 from lmdeploy.messages import EngineOutput, PytorchEngineConfig, ResponseType, ScheduleMetrics
 from lmdeploy.model import ChatTemplateConfig
-from lmdeploy.serve.core import AsyncEngine
+from lmdeploy.serve.core import AsyncEngine, VLAsyncEngine
 from lmdeploy.serve.openai import api_server
 from transformers import AutoModelForCausalLM
 
@@ -54,8 +54,16 @@ class CPUEngine:
     """
 
     def __init__(self, model_path: str, engine_config: PytorchEngineConfig) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+        self.vision = is_vision_language(model_path)
+        if self.vision:  # the whole VLM; LMDeploy's own vision preprocessing feeds it
+            from transformers import AutoModelForImageTextToText
+            self.model = AutoModelForImageTextToText.from_pretrained(model_path,
+                                                                     torch_dtype=torch.float32)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_path,
+                                                              torch_dtype=torch.float32)
         self.model.eval()
+        self.checkpoint_params = _checkpoint_params(self.model, model_path)
         if engine_config.max_batch_size is None:
             engine_config.max_batch_size = 8
         self.engine_config = engine_config
@@ -79,11 +87,13 @@ class CPUEngine:
         return CPUEngineInstance(self)
 
     def _step(self, input_ids: list[int], past: Any, gen: torch.Generator, cfg: Any,
-              seen: list[int]) -> tuple[int, dict[int, float], Any]:
-        """One decoding step: (token, {token: raw logprob, top-k...}, past)."""
+              seen: list[int], images: dict[str, torch.Tensor] | None = None
+              ) -> tuple[int, dict[int, float], Any]:
+        """One decoding step: (token, {token: raw logprob, top-k...}, past); ``images``:
+        the pixel tensors of the prompt's images, on the prefill step."""
         with self._model_lock, torch.no_grad():
             out = self.model(input_ids=torch.tensor([input_ids]), past_key_values=past,
-                             use_cache=True)
+                             use_cache=True, **(images or {}))
         logits = out.logits[0, -1].float()
         raw = torch.log_softmax(logits, -1)
         scores = logits.clone()
@@ -112,8 +122,28 @@ class CPUEngine:
             logprobs.update({int(i): float(v) for v, i in zip(values, ids)})
         return token, logprobs, out.past_key_values
 
-    async def generate(self, session_id: int, input_ids: list[int], gen_config: Any):
-        self.requests.append({'input_ids': list(input_ids), 'gen_config': gen_config})
+    def _images(self, input_ids: list[int], multimodal: Any) -> dict[str, torch.Tensor] | None:
+        """The model's pixel inputs from what LMDeploy's vision preprocessing produced (one
+        item per image: ``pixel_values``, ``offset``, ``image_tokens``, ``image_token_id``),
+        after checking that each item's image tokens sit at its offset in ``input_ids``, as
+        the PyTorch engine's input processor places the image features there."""
+        if not multimodal:
+            return None
+        if not self.vision:
+            raise RuntimeError('images sent to a text model')
+        items = multimodal['image'] if isinstance(multimodal, dict) else multimodal
+        for item in items:
+            start, n = int(item['offset']), int(item['image_tokens'])
+            span = input_ids[start:start + n]
+            if span != [int(item['image_token_id'])] * n:
+                raise RuntimeError(f'image tokens expected at {start}..{start + n}, found {span[:8]}')
+        return {'pixel_values': torch.cat([item['pixel_values'].float() for item in items])}
+
+    async def generate(self, session_id: int, input_ids: list[int], gen_config: Any,
+                       multimodal: Any = None):
+        images = self._images(list(input_ids), multimodal)
+        self.requests.append({'input_ids': list(input_ids), 'gen_config': gen_config,
+                              'images': 0 if images is None else len(multimodal)})
         stops = set() if gen_config.ignore_eos else set(gen_config.stop_token_ids or [])
         limit = min(gen_config.max_new_tokens,
                     self.engine_config.session_len - len(input_ids))
@@ -129,8 +159,8 @@ class CPUEngine:
                     return
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
-                token, logprobs, past = await asyncio.to_thread(self._step, feed, past, gen,
-                                                                gen_config, seen)
+                token, logprobs, past = await asyncio.to_thread(
+                    self._step, feed, past, gen, gen_config, seen, images if t == 0 else None)
                 self.tick += 1
                 seen.append(token)
                 feed = [token]
@@ -195,10 +225,12 @@ class CPUEngine:
             for _, t in named:
                 dist.broadcast(t, src=0, group=group)
         await asyncio.to_thread(receive)
-        params = dict(self.model.named_parameters())
+        unknown = [name for name, _ in named if name not in self.checkpoint_params]
+        if unknown:  # LMDeploy's loader looks tensors up by their checkpoint names
+            return False, f'no parameter named {unknown[:3]} in the checkpoint'
         with self._model_lock, torch.no_grad():
             for name, t in named:
-                params[name].copy_(t)
+                self.checkpoint_params[name].copy_(t)
         return True, 'Succeeded to update parameter online.'
 
     async def destroy_weights_update_group(self, request: Any) -> tuple[bool, str]:
@@ -232,7 +264,7 @@ class CPUEngineInstance:
     async def async_stream_infer(self, session_id: int, input_ids: list[int], gen_config: Any,
                                  multimodal: Any = None, adapter_name: str | None = None,
                                  **kwargs: Any):
-        async for out in self.engine.generate(session_id, input_ids, gen_config):
+        async for out in self.engine.generate(session_id, input_ids, gen_config, multimodal):
             yield out
 
     async def async_cancel(self, session_id: int) -> None:
@@ -245,6 +277,56 @@ class CPUAsyncEngine(AsyncEngine):
     def _build_pytorch(self, model_path: str, backend_config: PytorchEngineConfig | None = None,
                        **kwargs: Any) -> CPUEngine:
         return CPUEngine(model_path, backend_config)
+
+
+class CPUVLAsyncEngine(VLAsyncEngine):
+    """LMDeploy's ``VLAsyncEngine`` (its ``ImageEncoder``: the model's vision
+    preprocessing, run on CPU as shipped) with :class:`CPUEngine` in place of the PyTorch
+    engine."""
+
+    def _build_pytorch(self, model_path: str, backend_config: PytorchEngineConfig | None = None,
+                       **kwargs: Any) -> CPUEngine:
+        return CPUEngine(model_path, backend_config)
+
+
+def is_vision_language(model_path: str) -> bool:
+    """LMDeploy's own test (``check_vl_llm`` on the model's config), as ``get_task`` does."""
+    from lmdeploy.archs import check_vl_llm, get_model_arch
+    _, config = get_model_arch(model_path)
+    return bool(check_vl_llm('pytorch', config.to_dict()))
+
+
+def engine_task(model_path: str, text: type = None, vision: type = None) -> tuple[str, type]:
+    """``get_task`` with the stand-ins: a VLM gets LMDeploy's VL engine over :class:`CPUEngine`."""
+    if is_vision_language(model_path):
+        return 'vlm', vision or CPUVLAsyncEngine
+    return 'llm', text or CPUAsyncEngine
+
+
+def _checkpoint_params(model: Any, model_path: str) -> dict[str, torch.Tensor]:
+    """Checkpoint name -> the loaded model's parameter, as an engine's loader finds tensors:
+    by the names in the checkpoint files. transformers renames some VLM modules at load
+    (InternVL's ``language_model.model.X`` is ``model.language_model.X`` in the module
+    tree), so the names are read from what the model's own ``save_pretrained`` writes:
+    each parameter is filled with its index, saved to a scratch directory, and every
+    saved tensor names the parameter whose index it holds; then the weights are put back."""
+    import tempfile
+
+    from safetensors.torch import load_file
+    params = [p for _, p in model.named_parameters()]
+    kept = [p.detach().clone() for p in params]
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad(), tempfile.TemporaryDirectory() as scratch:
+        for i, p in enumerate(params):
+            p.fill_(float(i))
+        model.save_pretrained(scratch, safe_serialization=True)
+        for path in sorted(os.listdir(scratch)):
+            if path.endswith('.safetensors'):
+                for key, value in load_file(os.path.join(scratch, path)).items():
+                    out[key] = params[int(value.flatten()[0])]
+        for p, value in zip(params, kept):
+            p.copy_(value)
+    return out
 
 
 _START_LOCK = threading.Lock()
@@ -304,6 +386,11 @@ class LMDeployCPUServer:
                 super().__init__(*args, **kwargs)
                 server._async_engine = self
 
+        class VLEngine(CPUVLAsyncEngine):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                server._async_engine = self
+
         class Server(uvicorn.Server):  # records itself, so stop() can end it
             def __init__(self, config: uvicorn.Config) -> None:
                 super().__init__(config)
@@ -319,7 +406,8 @@ class LMDeployCPUServer:
                 self.error = e
                 ready.set()
 
-        with _START_LOCK, _patched(api_server, 'get_task', lambda *a, **k: ('llm', Engine)), \
+        task = engine_task(self.model_path, Engine, VLEngine)
+        with _START_LOCK, _patched(api_server, 'get_task', lambda *a, **k: task), \
                 _patched(importlib.import_module('uvicorn.main'), 'Server', Server), _env(self.env):
             self._thread = threading.Thread(target=run, daemon=True, name='lmdeploy-api-server')
             self._thread.start()
@@ -393,7 +481,8 @@ def main() -> None:
     os.environ.setdefault('UVICORN_LOG_LEVEL', 'warning')
     config = PytorchEngineConfig(logprobs_mode=args.logprobs_mode, tp=args.tp,
                                  max_batch_size=args.max_batch_size, enable_metrics=False)
-    api_server.get_task = lambda *a, **k: ('llm', CPUAsyncEngine)
+    task = engine_task(args.model_path)
+    api_server.get_task = lambda *a, **k: task
     print(f'LMDeploy api_server (CPU stand-in engine) serving {args.model_path}', flush=True)
     api_server.serve(args.model_path, backend='pytorch', backend_config=config,
                      server_name=args.server_name, server_port=args.server_port,

@@ -127,7 +127,12 @@ def test_family_follows_the_config_model_type(model_type, reason):
     assert reason in family.reason
     if model_type is None:
         assert family.name == 'qwen2'
+    elif model_type == 'interns1' and hasattr(transformers, 'InternVLForConditionalGeneration'):
+        assert family.name == 'internvl' and family.vision  # the Intern-S1-shaped VLM
     else:
+        assert not family.vision
+        if model_type == 'interns1':  # says why there are no images
+            assert 'needs the internvl classes (transformers >= 4.52)' in family.reason
         expected = 'qwen3' if hasattr(transformers, 'Qwen3ForCausalLM') else 'qwen2'
         assert family.name == expected
         assert (expected == 'qwen3') or 'has no Qwen3ForCausalLM' in family.reason
@@ -323,3 +328,36 @@ def test_records_cover_every_step_of_the_run(tmp_path, monkeypatch, world, steps
     assert per_domain > 1 and records >= geometry.prompts_per_step * steps
     # and no more than the last domain's share needs
     assert (per_domain - 1) * len(smoke.domains_of(loop.rewards)) < geometry.prompts_per_step * steps
+
+
+def test_intern_s1_configs_train_the_intern_s1_shaped_vlm_on_images(tf5_deps, tmp_path):
+    """With transformers 5 (the overlay), the paper config in miniature on 2 ranks: image
+    records (1, 3 and 5 tiles) beside text records, HF rollouts scored on the same image
+    context, and the vision tower, its projector and the language model all updated."""
+    import torch
+    from safetensors.torch import load_file
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('GEPO_MODEL_PATH', 'GEPO_DATA_DIR', 'WORLD_SIZE', 'SLURM_NTASKS')}
+    env['PYTHONPATH'] = os.pathsep.join([str(tf5_deps), str(ROOT)])
+    proc = preloaded.run([sys.executable, str(TOOL), str(ROOT / 'configs' / 'gepo_intern_s1_mini.py'),
+                          '--smoke-steps', '2', '--nproc', '2', '--work-dir', str(tmp_path)],
+                         cwd=ROOT, env=env, timeout=600)
+    last = passed(proc)
+    assert 'internvl (InternVLForConditionalGeneration)' in proc.stdout
+    assert 'image records of 1, 3 and 5 tiles' in proc.stdout
+    records = [json.loads(line) for line in (tmp_path / 'data' / 'train.jsonl').open()]
+    pictured = [r for r in records if r.get('images')]
+    assert 0 < len(pictured) < len(records)
+    assert all(r['prompt'].startswith('<IMG_CONTEXT>') for r in pictured)
+    assert last['rollout/logprob_abs_diff'] < 1e-4  # trainer and sampler saw one context
+    before = load_file(str(tmp_path / 'model' / 'model.safetensors'))
+    after = torch.load(tmp_path / 'run' / 'iter_2.pth', map_location='cpu',
+                       weights_only=False)['state_dict']
+    pairs = {'vision_tower.encoder.layer.0.attention.q_proj.weight':
+             'llm.model.vision_tower.encoder.layer.0.attention.q_proj.weight',
+             'multi_modal_projector.linear_1.weight': 'llm.model.multi_modal_projector.linear_1.weight',
+             'language_model.model.layers.1.mlp.up_proj.weight':
+             'llm.model.language_model.layers.1.mlp.up_proj.weight'}
+    for disk, trained in pairs.items():
+        assert not torch.equal(before[disk], after[trained]), disk
