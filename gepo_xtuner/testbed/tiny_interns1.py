@@ -108,13 +108,16 @@ def build_interns1_processor(tokenizer: Any, max_tiles: int = MAX_TILES) -> Any:
                                           chat_template=INTERNS1_CHAT_TEMPLATE)
 
 
-def build_tiny_interns1_model(tokenizer: Any, seed: int, **overrides: Any) -> Any:
-    """A ~0.2M-parameter InternVL (InternViT 1 layer width 32; Qwen3 2 layers width 64).
+def build_tiny_interns1_model(tokenizer: Any, seed: int, text: dict[str, Any] | None = None,
+                              vision: dict[str, Any] | None = None, **overrides: Any) -> Any:
+    """A ~0.1M-parameter InternVL (InternViT 1 layer width 32; Qwen3 2 layers width 64).
 
     Args:
         tokenizer: gives the vocabulary size and the special-token ids.
         seed: the weights are a pure function of the seed and the config; the global
             torch RNG is left untouched.
+        text: ``Qwen3Config`` fields over the tiny ones (e.g. a head size GPU kernels take).
+        vision: ``InternVLVisionConfig`` fields over the tiny ones.
         **overrides: top-level ``InternVLConfig`` fields.
 
     Returns:
@@ -124,13 +127,14 @@ def build_tiny_interns1_model(tokenizer: Any, seed: int, **overrides: Any) -> An
     transformers = _require_internvl()
 
     ids = tokenizer.convert_tokens_to_ids
-    text = transformers.Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-        rope_theta=10_000.0, tie_word_embeddings=False, attention_dropout=0.0,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None)
-    config = internvl_config(text, ids(IMG_CONTEXT), **overrides)
+    text_config = transformers.Qwen3Config(**{
+        'vocab_size': len(tokenizer), 'hidden_size': 64, 'intermediate_size': 128,
+        'num_hidden_layers': 2, 'num_attention_heads': 4, 'num_key_value_heads': 2,
+        'head_dim': 16, 'max_position_embeddings': 1024, 'rope_theta': 10_000.0,
+        'tie_word_embeddings': False, 'attention_dropout': 0.0,
+        'pad_token_id': tokenizer.pad_token_id, 'eos_token_id': tokenizer.eos_token_id,
+        'bos_token_id': None, **(text or {})})
+    config = internvl_config(text_config, ids(IMG_CONTEXT), vision=vision, **overrides)
     config.pad_token_id = tokenizer.pad_token_id
     config.eos_token_id = tokenizer.eos_token_id
     with torch.random.fork_rng(devices=[]):
@@ -142,22 +146,26 @@ def build_tiny_interns1_model(tokenizer: Any, seed: int, **overrides: Any) -> An
     return model.eval()
 
 
-def internvl_config(text_config: Any, image_token_id: int, **overrides: Any) -> Any:
+def internvl_config(text_config: Any, image_token_id: int, vision: dict[str, Any] | None = None,
+                    **overrides: Any) -> Any:
     """``InternVLConfig`` of the tiny vision tower (InternViT, 1 layer of width 32, 56-pixel
     tiles, patch 14, pixel shuffle 0.5: 4 tokens per tile) over ``text_config``.
 
     Args:
         text_config: the language model's config (a ``Qwen3Config``).
         image_token_id: the id of ``<IMG_CONTEXT>``.
+        vision: ``InternVLVisionConfig`` fields over the tiny ones.
         **overrides: top-level ``InternVLConfig`` fields.
     """
     transformers = _require_internvl()
-    vision = transformers.InternVLVisionConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-        image_size=[TILE, TILE], patch_size=[PATCH, PATCH], use_qk_norm=False,
-        norm_type='layer_norm', layer_scale_init_value=0.1, use_mean_pooling=True,
-        attention_dropout=0.0, projection_dropout=0.0, hidden_dropout_prob=0.0)
-    cfg = dict(vision_config=vision, text_config=text_config, image_token_id=image_token_id,
+    vision_config = transformers.InternVLVisionConfig(**{
+        'hidden_size': 32, 'num_hidden_layers': 1, 'num_attention_heads': 2,
+        'intermediate_size': 64, 'image_size': [TILE, TILE], 'patch_size': [PATCH, PATCH],
+        'use_qk_norm': False, 'norm_type': 'layer_norm', 'layer_scale_init_value': 0.1,
+        'use_mean_pooling': True, 'attention_dropout': 0.0, 'projection_dropout': 0.0,
+        'hidden_dropout_prob': 0.0, **(vision or {})})
+    cfg = dict(vision_config=vision_config, text_config=text_config,
+               image_token_id=image_token_id,
                downsample_ratio=DOWNSAMPLE, projector_hidden_act='gelu',
                vision_feature_layer=-1, vision_feature_select_strategy='default',
                # the top-level flag decides tying whatever text_config says
@@ -166,15 +174,23 @@ def internvl_config(text_config: Any, image_token_id: int, **overrides: Any) -> 
     return transformers.InternVLConfig(**cfg)
 
 
-def save_tiny_interns1(out_dir: str | os.PathLike, seed: int = 0) -> Path:
+def save_tiny_interns1(out_dir: str | os.PathLike, seed: int = 0, dtype: Any = None,
+                       **sizes: Any) -> Path:
     """Writes model, tokenizer and processor to ``out_dir`` (loadable offline).
+
+    ``dtype``: the saved weights' torch dtype (default float32); ``sizes``: the ``text`` /
+    ``vision`` / top-level overrides of :func:`build_tiny_interns1_model`.
 
     Load it with ``RLPolicy(pretrained=out_dir, model_class='AutoModelForImageTextToText')``
     or LMDeploy (``InternVLForConditionalGeneration`` in ``config.json``).
     """
     out = Path(out_dir)
     tokenizer = build_interns1_tokenizer()
-    build_tiny_interns1_model(tokenizer, seed).save_pretrained(out)
+    model = build_tiny_interns1_model(tokenizer, seed, **sizes)
+    if dtype is not None:
+        model = model.to(dtype)
+        model.config.torch_dtype = dtype
+    model.save_pretrained(out)
     build_interns1_processor(tokenizer).save_pretrained(out)
     return out
 

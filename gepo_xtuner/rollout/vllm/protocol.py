@@ -53,8 +53,10 @@ def build_completion_payload(model: str, request: RolloutRequest, params: Sampli
         seed: the request's seed, or None for the server's random source.
     """
     if request.images:
-        raise VLLMProtocolError('VLLMRolloutBackend sends token ids only; prompts with images '
-                                'are not supported (use LMDeployRolloutBackend for them)')
+        raise VLLMProtocolError(
+            'VLLMRolloutBackend sends token ids to /v1/completions, which takes no images; '
+            "prompts with images go through LMDeployRolloutBackend (vLLM's token-in image API, "
+            "/inference/v1/generate, is not wired up: docs/multimodal.md, 'vLLM')")
     reserved = sorted(RESERVED_FIELDS & set(request.extra))
     if reserved:
         raise VLLMProtocolError(f'RolloutRequest.extra may not set {reserved}: the backend sets '
