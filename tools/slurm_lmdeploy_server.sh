@@ -6,7 +6,9 @@
 #
 # One srun task on TP GPUs (TP defaults to 1) runs
 #   lmdeploy serve api_server MODEL --server-port PORT --backend pytorch \
-#       --logprobs-mode raw_logprobs --tp TP [lmdeploy args...]
+#       --logprobs-mode raw_logprobs --tp TP [--trust-remote-code] [lmdeploy args...]
+# with --trust-remote-code when MODEL's config.json maps its classes to its own code
+# (auto_map: Intern-S1-mini), as the trainer loads it (model.trust_remote_code).
 # waits until GET /health answers, then writes LMDEPLOY_ADDR_FILE:
 #   GEPO_LMDEPLOY_URL=http://HOST:PORT
 #   GEPO_LMDEPLOY_TP=TP
@@ -34,8 +36,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/cluster_common.sh"
 serve_on_node() {
     local addr_file=$1 port=$2 model=$3 tp=$4
     shift 4
+    local remote=()
+    if grep -qs '"auto_map"' "$model/config.json"; then
+        remote=(--trust-remote-code)  # the checkpoint ships its own code
+    fi
     local cmd=("${LMDEPLOY:-lmdeploy}" serve api_server "$model" --server-port "$port"
-        --backend pytorch --logprobs-mode raw_logprobs --tp "$tp" "$@")
+        --backend pytorch --logprobs-mode raw_logprobs --tp "$tp" "${remote[@]}" "$@")
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         quote_cmd "${cmd[@]}"
         return 0

@@ -99,10 +99,18 @@ class RolloutRequest:
         without an expanded form, give :attr:`input_ids`.
 
         Raises:
-            ValueError: the runs do not match the images one to one.
+            ValueError: the runs do not match the images one to one, or the prompt was
+                expanded but the request does not say by which token.
         """
-        if not self.images or self.model_input_ids is None or self.image_token_id is None:
+        if not self.images or self.model_input_ids is None:
             return list(self.input_ids)
+        if self.image_token_id is None:
+            if list(self.model_input_ids) == list(self.input_ids):
+                return list(self.input_ids)
+            raise ValueError(
+                'RolloutRequest.model_input_ids is expanded but image_token_id is not set: the '
+                "engine's prompt cannot be rebuilt from it; set image_token_id to the "
+                "processor's image token id (encode_request does)")
         from ..ops.multimodal import collapse_placeholder_runs
         return collapse_placeholder_runs(self.model_input_ids, self.image_token_id,
                                          len(self.images))

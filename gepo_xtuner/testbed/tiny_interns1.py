@@ -205,10 +205,10 @@ def build_interns1_picture_tasks(out_dir: str | os.PathLike, n: int, seed: int =
 
     * ``colour`` (one 56x56 or 112x112 picture of a square): the colour's name;
     * ``count`` (one 112x56 picture of 1-3 squares): the digit;
-    * every third record of ``colour`` carries two pictures (``<image>`` markers place
-      them) and asks for the first one's colour.
+    * every sixth record (a ``colour`` one) carries two pictures (two image parts in a
+      row) and asks for the first one's colour.
 
-    So a batch mixes 1 or 2 images per prompt and 4 to 40 image tokens per image.
+    So a batch mixes 1 or 2 images per prompt and 4 to 20 image tokens per image.
     """
     rng = random.Random(seed)
     out = Path(out_dir)

@@ -147,5 +147,5 @@ class BareImageIdsLMDeployBackend(LMDeployRolloutBackend):
 
     def generate(self, requests, params):
         import dataclasses
-        bare = [dataclasses.replace(r, image_token_id=None) for r in requests]
+        bare = [dataclasses.replace(r, model_input_ids=None) for r in requests]
         return super().generate(bare, params)

@@ -7,7 +7,7 @@ preprocessing as shipped, with a stand-in for the engine
 also serves ``InternS1ForConditionalGeneration``), on the tiny Intern-S1-shaped VLM of
 :mod:`gepo_xtuner.testbed.tiny_interns1` with head sizes every kernel takes (64), in bf16:
 
-* image prompts (1, 3 and 5 tiles, two images per prompt, text-only beside them): the
+* image prompts (1, 3 and 5 tiles, two images per prompt): the
   server's logprobs match the trainer's scoring of the same tokens on the trainer's own
   image context within the bf16 tolerance, and the bare-placeholder payload (what was sent
   before) is off by more (the context then lacks ``<img>`` / ``</img>``);
@@ -30,7 +30,9 @@ import math
 import pytest
 import torch
 
+from gepo_xtuner.engine.step.batching import cut_at_tokens
 from gepo_xtuner.engine.step.prompt_encoding import encode_request
+from gepo_xtuner.ops.multimodal import placeholder_token_ids
 from gepo_xtuner.rollout import LMDeployRolloutBackend, SamplingParams
 from gepo_xtuner.testbed.gpu import TOLERANCES, compare, record
 from tests.test_engine.conftest import scalars, train, write_config
@@ -44,8 +46,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 
 STARTUP_S = 420
 SERVER_ARGS = ['--cache-max-entry-count', '0.2', '--session-len', '2048']
-SIZES = dict(text=dict(hidden_size=256, intermediate_size=512, head_dim=64),
-             vision=dict(hidden_size=128, intermediate_size=256))
+# initializer_range 0.15 (not 0.02), as tests/test_gpu/conftest.py's models: logits spread
+# over a few nats, so a wrong context or stale weights move logprobs far beyond bf16 rounding
+SIZES = dict(text=dict(hidden_size=256, intermediate_size=512, head_dim=64,
+                       initializer_range=0.15),
+             vision=dict(hidden_size=128, intermediate_size=256, initializer_range=0.15),
+             initializer_range=0.15)
 PERTURB = 0.02
 
 
@@ -69,10 +75,14 @@ def _requests(root, processor, n: int = 8):
 
 def _scored(llm, requests, samples) -> tuple[torch.Tensor, torch.Tensor]:
     """(server logprobs, trainer logprobs) over every sampled token, the trainer scoring each
-    response on its own prompt's ids and pixels."""
+    response on its own prompt's ids and pixels; responses are cut before a sampled image
+    placeholder, as the RL loop cuts them."""
     theirs, mine = [], []
+    samples = cut_at_tokens(samples, placeholder_token_ids(llm.config))
     for request, group in zip(requests, samples):
         for sample in group:
+            if not sample.response_ids:
+                continue
             ids = torch.tensor([request.prompt_ids + sample.response_ids], device=llm.device)
             mm = {k: v.to(llm.device) for k, v in (request.mm_inputs or {}).items()}
             with torch.no_grad():
@@ -88,7 +98,8 @@ def test_lmdeploy_engine_scores_image_prompts_as_the_trainer_and_takes_the_visio
         vlm, device, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
     processor = AutoProcessor.from_pretrained(vlm / 'model')
-    llm = AutoModelForImageTextToText.from_pretrained(vlm / 'model', dtype=torch.bfloat16).to(device)
+    llm = AutoModelForImageTextToText.from_pretrained(vlm / 'model',
+                                                      torch_dtype=torch.bfloat16).to(device)
     backend = LMDeployRolloutBackend(
         launch={'model_path': str(vlm / 'model'), 'port': 0, 'extra_args': SERVER_ARGS,
                 'log_file': str(tmp_path / 'server.log'), 'startup_timeout_s': STARTUP_S},
@@ -100,7 +111,7 @@ def test_lmdeploy_engine_scores_image_prompts_as_the_trainer_and_takes_the_visio
         backend.attach(llm, processor.tokenizer)
         samples = backend.generate(requests, params)
         now = compare('interns1 image prompts', *_scored(llm, requests, samples), tol)
-        bare = [dataclasses.replace(r, image_token_id=None) for r in requests]
+        bare = [dataclasses.replace(r, model_input_ids=None) for r in requests]  # old form
         old_form = compare('bare placeholder payload',
                            *_scored(llm, requests, backend.generate(bare, params)), tol)
         before = copy.deepcopy(llm)
@@ -142,7 +153,7 @@ def test_two_rl_steps_with_images_through_lmdeploy(vlm, tiny_dir, device, tmp_pa
                          weight_sync=dict(mode='ipc'), sleep_wake=True))
     """)
     work = tmp_path / 'work'
-    train(cfg, work, tiny_dir, 'train_cfg.max_steps=2',
+    train(cfg, work, tiny_dir, 'train_cfg.max_steps=2', 'train_cfg.val.interval=100',
           'train_cfg.max_tokens_per_micro_batch=800', timeout=580)
     logged = scalars(work)
     tol = TOLERANCES[torch.bfloat16]['logprobs'].atol

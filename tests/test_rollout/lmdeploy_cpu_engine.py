@@ -131,7 +131,11 @@ class CPUEngine:
             return None
         if not self.vision:
             raise RuntimeError('images sent to a text model')
-        items = multimodal['image'] if isinstance(multimodal, dict) else multimodal
+        items = self._items(multimodal)
+        extra = {k for item in items for k in item} - {
+            'pixel_values', 'offset', 'image_tokens', 'image_token_id'}
+        if extra:  # e.g. Qwen2-VL's image_grid_thw and M-RoPE positions: not modelled here
+            raise RuntimeError(f'the stand-in feeds InternVL-style pixel tiles only, got {extra}')
         for item in items:
             start, n = int(item['offset']), int(item['image_tokens'])
             span = input_ids[start:start + n]
@@ -139,11 +143,15 @@ class CPUEngine:
                 raise RuntimeError(f'image tokens expected at {start}..{start + n}, found {span[:8]}')
         return {'pixel_values': torch.cat([item['pixel_values'].float() for item in items])}
 
+    @staticmethod
+    def _items(multimodal: Any) -> list[dict]:
+        return list(multimodal['image'] if isinstance(multimodal, dict) else multimodal)
+
     async def generate(self, session_id: int, input_ids: list[int], gen_config: Any,
                        multimodal: Any = None):
         images = self._images(list(input_ids), multimodal)
         self.requests.append({'input_ids': list(input_ids), 'gen_config': gen_config,
-                              'images': 0 if images is None else len(multimodal)})
+                              'images': 0 if images is None else len(self._items(multimodal))})
         stops = set() if gen_config.ignore_eos else set(gen_config.stop_token_ids or [])
         limit = min(gen_config.max_new_tokens,
                     self.engine_config.session_len - len(input_ids))

@@ -8,7 +8,8 @@ Run under transformers 5 (the overlay of ``make tf5-deps``: LMDeploy's
 For a tiny Intern-S1-shaped VLM (native InternVL classes, the architecture LMDeploy's
 ``InternVL3VisionModel`` serves for ``InternVLForConditionalGeneration`` and
 ``InternS1ForConditionalGeneration``) and a tiny Qwen2-VL, and for records with images
-of 1 to 5 tiles, two images per prompt and text-only prompts, it builds the trainer's
+of 1 to 5 tiles, two images per prompt (apart, and in a row: two image parts one after
+the other, whose runs the template still separates) and text-only prompts, it builds the trainer's
 request (:func:`~gepo_xtuner.engine.step.prompt_encoding.encode_request`), the body the
 backend sends (:func:`~gepo_xtuner.rollout.lmdeploy.protocol.build_generate_payload`),
 and then does to the body what LMDeploy's server does with it:
@@ -51,7 +52,7 @@ def _records(data_dir: Path, family: str) -> list[dict]:
     b = draw_squares(data_dir / f'{family}-b.png', 'green', 2, size=(56, 56))
     records.append(dict(id='two-images', images=[str(a), str(b)], messages=[
         dict(role='user', content='<image>first, <image>second: which is blue?')]))
-    records.append(dict(id='two-images-adjacent', images=[str(b), str(a)], messages=[
+    records.append(dict(id='two-images-in-a-row', images=[str(b), str(a)], messages=[
         dict(role='user', content=[dict(type='image'), dict(type='image'),
                                    dict(type='text', text='same?')])]))
     records.append(dict(id='text-only', messages=[dict(role='user', content='1+1=?')]))
@@ -137,7 +138,7 @@ def main(out_dir: str) -> None:
             request = encode_request(record, processor.tokenizer,
                                      processor if record.get('images') else None)
             body = build_generate_payload(request, SamplingParams())
-            old = dict(body, input_ids=list(request.input_ids))
+            old = dict(body, input_ids=list(request.input_ids))  # the form sent before
             rows[record['id']] = dict(
                 now=_compare(request, _engine_side(encoder, body)),
                 old=_compare(request, _engine_side(encoder, old)),

@@ -201,3 +201,8 @@ def test_images_are_sent_as_the_expanded_prompt_with_each_run_collapsed(tmp_path
                               model_input_ids=[ctx] * 8, image_token_id=ctx)
     with pytest.raises(ValueError, match='1 runs of image token 9 for 2 images'):
         build_generate_payload(touching, SamplingParams())
+    # an expanded prompt without its token cannot be rebuilt: no silent bare form
+    unnamed = RolloutRequest([1, ctx, 2], images=['data:image/png;base64,AA'],
+                             model_input_ids=[1, start, ctx, ctx, end, 2])
+    with pytest.raises(ValueError, match='image_token_id is not set'):
+        build_generate_payload(unnamed, SamplingParams())

@@ -37,7 +37,7 @@ def report(tf5_deps, tmp_path_factory) -> dict:
 @pytest.mark.parametrize('family,vision_model', [('internvl', 'InternVL3VisionModel'),
                                                  ('qwen2_vl', 'Qwen2VLModel')])
 def test_the_engine_gets_the_trainers_ids_pixels_and_offsets(report, family, vision_model):
-    """Every record (1 to 5 tiles, two images, two adjacent images, text only): equal ids,
+    """Every record (1 to 5 tiles, two images apart and in a row, text only): equal ids,
     equal pixel tensors, each image's offset at the start of the trainer's run."""
     fam = report[family]
     assert fam['vision_model'] == vision_model  # LMDeploy's dispatch by architecture

@@ -7,8 +7,10 @@ tf5-deps``) launches LMDeploy 0.18's ``api_server`` as shipped
 preprocessing) with a CPU stand-in for the PyTorch engine only (LMDeploy's needs CUDA).
 The stand-in generates with the Hugging Face model from the ids and pixel tensors
 LMDeploy's preprocessing built, after checking each image's tokens sit at the offset
-LMDeploy gave it, and takes weight pushes by their checkpoint names over LMDeploy's
-weight-update-group endpoints (gloo in place of NCCL), as LMDeploy's loader does.
+LMDeploy gave it, and takes weight pushes over LMDeploy's weight-update-group endpoints
+(gloo in place of NCCL) by the names the checkpoint files use, the names every engine's
+loader reads from disk (LMDeploy 0.18's InternVL module also maps module names to them;
+the stand-in takes only the checkpoint's).
 
 So ``rollout/logprob_abs_diff`` (server logprobs against the trainer's on the prompt it
 encoded itself) is at numerical noise only if the images reached the engine as the

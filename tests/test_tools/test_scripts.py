@@ -242,6 +242,20 @@ def test_lmdeploy_server_on_node_prints_the_exact_lmdeploy_command():
                     '--backend pytorch --logprobs-mode raw_logprobs --tp 4 --session-len 32768')
 
 
+def test_lmdeploy_server_trusts_a_checkpoint_that_ships_its_own_code(tmp_path):
+    """Intern-S1-mini's config.json maps its classes to its own code (auto_map): the
+    server needs --trust-remote-code as the trainer does; a plain checkpoint does not."""
+    model = tmp_path / 'Intern-S1-mini'
+    model.mkdir()
+    (model / 'config.json').write_text('{"model_type": "interns1", "auto_map": '
+                                       '{"AutoConfig": "configuration_interns1.InternS1Config"}}')
+    line = dry_run('slurm_lmdeploy_server.sh', '--on-node', '/tmp/srv.env', '23333', str(model), '1')
+    assert line.endswith('--tp 1 --trust-remote-code'), line
+    (model / 'config.json').write_text('{"model_type": "qwen3_5"}')
+    line = dry_run('slurm_lmdeploy_server.sh', '--on-node', '/tmp/srv.env', '23333', str(model), '1')
+    assert '--trust-remote-code' not in line
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))

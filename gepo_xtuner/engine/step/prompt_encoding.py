@@ -61,9 +61,14 @@ def encode_request(record: dict, tokenizer: Any, processor: Any = None,
                          f'refused it: {exc}; tools/check_data.py FILE --model MODEL_DIR names '
                          'every such image with the fix') from None
     mm = {k: v for k, v in encoded.items() if k not in TEXT_KEYS and isinstance(v, Tensor)}
-    return RolloutRequest(tokenizer(text, **special)['input_ids'], images=list(images),
-                          model_input_ids=encoded['input_ids'][0].tolist(), mm_inputs=mm,
-                          image_token_id=image_token_id(processor, tokenizer))
+    request = RolloutRequest(tokenizer(text, **special)['input_ids'], images=list(images),
+                             model_input_ids=encoded['input_ids'][0].tolist(), mm_inputs=mm,
+                             image_token_id=image_token_id(processor, tokenizer))
+    try:  # the engines' form must exist (e.g. two images whose token runs touch)
+        request.collapsed_prompt_ids()
+    except ValueError as exc:
+        raise ValueError(f"record {record.get('id')!r}: {exc}") from None
+    return request
 
 
 def image_token_id(processor: Any, tokenizer: Any) -> int | None:

@@ -92,11 +92,15 @@ def named_weights(model: nn.Module, dtype: torch.dtype | None = None,
                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every parameter, under Hugging Face checkpoint names.
 
-    The names are those ``save_pretrained`` writes (:func:`checkpoint_items`), which
-    is what an engine's loader reads: for a vision-language model on transformers >=
-    4.52 they differ from the module names (InternVL: ``model.language_model.X`` is
-    ``language_model.model.X`` in the checkpoint, ``model.vision_tower.X`` is
-    ``vision_tower.X``). Tied parameters appear once (under the first name, e.g. the
+    The names are those ``save_pretrained`` writes (:func:`checkpoint_items`), the
+    names every engine's loader reads from disk: for a vision-language model on
+    transformers >= 4.52 they differ from the module names (InternVL:
+    ``model.language_model.X`` is ``language_model.model.X`` in the checkpoint,
+    ``model.vision_tower.X`` is ``vision_tower.X``). LMDeploy 0.18's InternVL module
+    maps either form (its ``rename_weight``); an engine that only knows the files'
+    names needs these. On transformers 5 a model with weight converters (fused MoE
+    experts) gets its tensors converted back here, as ``save_pretrained`` does, which
+    builds new tensors on every push. Tied parameters appear once (under the first name, e.g. the
     embedding), as in a saved checkpoint. Tensors are detached, contiguous, optionally
     cast and moved.
     """
