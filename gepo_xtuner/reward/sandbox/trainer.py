@@ -503,20 +503,135 @@ def _tree_bytes(path: str) -> int:
     return total
 
 
-def _remove_tree(path: str) -> None:
-    def make_writable_and_retry(func, target, _exc):
-        for p in (os.path.dirname(target), target):  # the code may have chmod-ed its files
-            try:
-                os.chmod(p, stat.S_IRWXU)
-            except OSError:
-                pass
-        func(target)
+#: how long removing one run's folder may take before what is left is reported and kept
+REMOVE_DEADLINE_S = 30.0
 
-    handler = 'onexc' if sys.version_info >= (3, 12) else 'onerror'
+
+def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
+    """Removes a run's folder whatever the code left in it; never raises.
+
+    A solution controls the tree: thousands of nested folders (``shutil.rmtree`` recurses
+    once per level and raised ``RecursionError``), paths longer than ``PATH_MAX``,
+    folders without permissions (``chmod 000``, of its folder or of the one above),
+    millions of files. So the tree is taken apart from the top without recursion and
+    without long paths: every folder directly under ``path`` is opened by name relative
+    to ``path`` (``dir_fd``), its files are unlinked and its sub-folders renamed up into
+    ``path`` itself, then it is removed; at most two folders are open at once and no path
+    is longer than two names. Permissions are restored on the way (the trainer owns the
+    folder, or is root). It stops after ``deadline_s``.
+
+    Args:
+        path: the run's folder.
+        deadline_s: time bound of the removal.
+
+    Returns:
+        The number of entries that could not be removed (0: ``path`` is gone); they are
+        reported once, in one log line.
+    """
+    deadline = time.monotonic() + deadline_s
+    failures: list[str] = []
+
+    def note(what: str, exc: OSError) -> None:
+        if len(failures) < 3:
+            failures.append(f'{what}: {exc.strerror or exc}')
+        else:
+            failures.append('')
+
+    def opendir(name: str, dir_fd: int | None) -> int:
+        """An open folder whose entries can be removed (permissions restored: the code may
+        have chmod-ed it; the trainer owns it, or is root). Its processes are gone by
+        now, so nothing swaps a folder for a link between the checks and the calls."""
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        except PermissionError:
+            os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd)
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, stat.S_IRWXU)  # unlink and rename in it need write permission
+        except OSError:
+            pass
+        return fd
+
     try:
-        shutil.rmtree(path, **{handler: make_writable_and_retry})
+        top = opendir(path, None)
+    except FileNotFoundError:
+        return 0
     except OSError as exc:
         print_log(f'code sandbox: cannot remove {path}: {exc}', logger='current', level=30)
+        return 1
+    moved = 0
+    try:
+        while time.monotonic() < deadline:
+            with os.scandir(top) as it:
+                names = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            if not names:
+                break
+            progress = False
+            for name, is_dir in names:
+                if time.monotonic() >= deadline:
+                    break
+                if not is_dir:
+                    try:
+                        os.unlink(name, dir_fd=top)
+                        progress = True
+                    except FileNotFoundError:
+                        progress = True
+                    except OSError as exc:
+                        note(name, exc)
+                    continue
+                try:
+                    fd = opendir(name, top)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    note(name, exc)
+                    continue
+                try:
+                    with os.scandir(fd) as it:
+                        inner = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                    for child, child_is_dir in inner:
+                        try:
+                            if child_is_dir:  # one level up: the tree gets wide, not deep
+                                moved += 1
+                                try:
+                                    os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
+                                              dst_dir_fd=top)
+                                except PermissionError:  # moving a folder writes its '..'
+                                    os.chmod(child, stat.S_IRWXU, dir_fd=fd)
+                                    os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
+                                              dst_dir_fd=top)
+                            else:
+                                os.unlink(child, dir_fd=fd)
+                        except FileNotFoundError:
+                            pass
+                        except OSError as exc:
+                            note(f'{name}/{child}', exc)
+                finally:
+                    os.close(fd)
+                try:
+                    os.rmdir(name, dir_fd=top)
+                    progress = True
+                except FileNotFoundError:
+                    progress = True
+                except OSError as exc:
+                    note(name, exc)
+            if not progress:
+                break
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
+        return 0
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        left = max(len(failures), 1)
+        why = '; '.join(f for f in failures if f) or str(exc)
+        late = ' (time bound reached)' if time.monotonic() >= deadline else ''
+        print_log(f'code sandbox: could not remove {path}{late}: {left} entries left ({why})',
+                  logger='current', level=30)
+        return left
 
 
 # ------------------------------------------------------------------ the run's own uid

@@ -1,0 +1,168 @@
+"""Removing a run's folder never raises on what the solution left, and leaves nothing.
+
+A solution controls its folder: thousands of nested folders (``shutil.rmtree`` recursed
+once per level and raised ``RecursionError`` out of ``Sandbox.run``), paths past
+``PATH_MAX``, folders it made unreadable (``chmod 000`` of its folder and of the one
+above), many files, links to host folders. The removal (``trainer._remove_tree``) takes
+the tree apart without recursion and long paths, restores permissions, is bounded in
+time and reports what it could not remove once. Tested on the function (as root and as
+the user nobody) and through ``Sandbox.run`` at every kernel level this machine has, as
+nobody (the trainer that shares no uid with a root's per-run users).
+"""
+
+import json
+import os
+import pwd
+import tempfile
+import time
+
+import pytest
+
+from gepo_xtuner.reward.sandbox import trainer as sandbox_module
+
+from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+
+#: builds the hostile tree under sys.argv[-1] (standard library only: runs as nobody too)
+BUILD = r'''
+import os, sys
+root = sys.argv[-1]
+os.makedirs(root, exist_ok=True)
+fd = os.open(root, os.O_RDONLY)
+for i in range(3000):  # 3000 levels of 20-letter names: 63,000 bytes, past PATH_MAX
+    os.mkdir('d' * 20, dir_fd=fd)
+    inner = os.open('d' * 20, os.O_RDONLY, dir_fd=fd)
+    f = os.open('f', os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=inner)
+    os.write(f, b'x')
+    os.close(f)
+    if i % 500 == 499:
+        os.fchmod(fd, 0)  # unreadable folders on the way down
+    os.close(fd)
+    fd = inner
+os.close(fd)
+for i in range(2000):
+    open(os.path.join(root, f'many{i}'), 'w').close()
+os.makedirs(os.path.join(root, 'locked', 'inner'))
+os.chmod(os.path.join(root, 'locked', 'inner'), 0)
+os.chmod(os.path.join(root, 'locked'), 0o500)
+os.symlink(sys.argv[-2], os.path.join(root, 'link'))  # a folder outside: must survive
+os.chmod(root, 0)
+'''
+
+REMOVE = r'''
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from boxpkg.sandbox.trainer import _remove_tree
+start = time.monotonic()
+left = _remove_tree(sys.argv[-1])
+print(json.dumps({'left': left, 'seconds': time.monotonic() - start}))
+'''
+
+
+def _build(root: str, outside: str) -> None:
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, '-I', '-c', BUILD, outside, root], check=True, timeout=120)
+
+
+def test_removal_takes_any_tree_apart_without_raising(tmp_path):
+    outside = tmp_path / 'host'
+    outside.mkdir()
+    (outside / 'keep.txt').write_text('keep')
+    root = str(tmp_path / 'run')
+    _build(root, str(outside))
+    start = time.monotonic()
+    assert sandbox_module._remove_tree(root) == 0
+    assert not os.path.exists(root) and time.monotonic() - start < 30
+    assert (outside / 'keep.txt').read_text() == 'keep'  # the link was removed, not followed
+
+
+def test_what_cannot_be_removed_in_time_is_reported_once(tmp_path, monkeypatch):
+    root = str(tmp_path / 'run')
+    _build(root, str(tmp_path))
+    lines = []
+    monkeypatch.setattr(sandbox_module, 'print_log', lambda msg, **kw: lines.append(msg))
+    left = sandbox_module._remove_tree(root, deadline_s=0.0)
+    assert left > 0 and os.path.exists(root)
+    assert len(lines) == 1 and 'time bound reached' in lines[0] and root in lines[0]
+    assert sandbox_module._remove_tree(root) == 0 and not os.path.exists(root)
+
+
+def test_a_missing_folder_is_nothing_to_do(tmp_path):
+    assert sandbox_module._remove_tree(str(tmp_path / 'never')) == 0
+
+
+_SOLUTION = r'''
+import os
+fd = os.open('.', os.O_RDONLY)
+for i in range(3000):
+    os.mkdir('d' * 30, dir_fd=fd)
+    inner = os.open('d' * 30, os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = inner
+for folder in ('..', '.'):
+    try:
+        os.chmod(folder, 0)
+    except OSError:
+        pass
+print('done')
+'''
+
+_NOBODY_RUNS = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from boxpkg.sandbox import Sandbox, available_levels
+boxes = sys.argv[2]
+solution = sys.argv[3]
+why_not = available_levels()
+out = {'why_not': why_not, 'runs': {}}
+for level in ('isolated', 'contained'):
+    if why_not[level] is not None:
+        continue
+    box = Sandbox(timeout_s=10, disk_mb=64, isolation=level, tmp_dir=boxes)
+    try:
+        result = box.run(solution)
+        out['runs'][level] = [result.status, result.stdout, os.listdir(boxes)]
+    except BaseException as exc:
+        out['runs'][level] = ['raised', f'{type(exc).__name__}: {exc}', os.listdir(boxes)]
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(nobody_skip_reason() is not None, reason=str(nobody_skip_reason()))
+def test_as_nobody_a_deep_tree_and_chmod_000_neither_raise_nor_stay():
+    """As the user nobody (the trainer and the solution then share a uid): the function on
+    the hostile tree, and a solution that leaves 3000 nested folders and makes its folder
+    and the one above unreadable, at every kernel level: ``run`` returns, and the folder of
+    the run is gone."""
+    nobody = pwd.getpwnam('nobody')
+    # nobody's own folders, outside the package copy (whose every file run_as_nobody walks)
+    own = tempfile.mkdtemp(prefix='gepo-cleanup-')
+    os.chmod(own, 0o755)
+    os.chown(own, nobody.pw_uid, nobody.pw_gid)
+    try:
+        with sandbox_copy() as work:
+            boxes = os.path.join(own, 'boxes')
+            outside = os.path.join(own, 'host')
+            tree = os.path.join(own, 'tree')
+            for folder in (boxes, outside):
+                os.mkdir(folder)
+                os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+            with open(os.path.join(outside, 'keep.txt'), 'w') as f:
+                f.write('keep')
+            done = run_as_nobody(work, BUILD, outside, tree, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+            done = run_as_nobody(work, REMOVE, tree, timeout=120)
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert json.loads(done.stdout.strip().splitlines()[-1])['left'] == 0
+            assert not os.path.exists(tree)
+            assert open(os.path.join(outside, 'keep.txt')).read() == 'keep'
+            done = run_as_nobody(work, _NOBODY_RUNS, boxes, _SOLUTION, timeout=180)
+            assert done.returncode == 0, done.stderr[-2000:]
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        sandbox_module._remove_tree(own)
+    if not out['runs']:
+        pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
+    for level, (status, stdout, left) in out['runs'].items():
+        assert status != 'raised', (level, stdout)
+        assert left == [], (level, left)
