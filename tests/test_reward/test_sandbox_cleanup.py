@@ -58,27 +58,35 @@ print(json.dumps({'left': left, 'seconds': time.monotonic() - start}))
 '''
 
 
-def _build(root: str, outside: str) -> None:
+@pytest.fixture
+def hostile(tmp_path_factory):
+    """``(run folder, host folder)``: the hostile tree is built in a folder of its own,
+    outside pytest's temporary directories (whose own clean-up recurses), and removed
+    afterwards whatever the test did."""
     import subprocess
     import sys
+    base = tempfile.mkdtemp(prefix='gepo-hostile-')
+    outside = os.path.join(base, 'host')
+    os.mkdir(outside)
+    with open(os.path.join(outside, 'keep.txt'), 'w') as f:
+        f.write('keep')
+    root = os.path.join(base, 'run')
     subprocess.run([sys.executable, '-I', '-c', BUILD, outside, root], check=True, timeout=120)
+    yield root, outside
+    sandbox_module._remove_tree(base)
 
 
-def test_removal_takes_any_tree_apart_without_raising(tmp_path):
-    outside = tmp_path / 'host'
-    outside.mkdir()
-    (outside / 'keep.txt').write_text('keep')
-    root = str(tmp_path / 'run')
-    _build(root, str(outside))
+def test_removal_takes_any_tree_apart_without_raising(hostile):
+    root, outside = hostile
     start = time.monotonic()
     assert sandbox_module._remove_tree(root) == 0
     assert not os.path.exists(root) and time.monotonic() - start < 30
-    assert (outside / 'keep.txt').read_text() == 'keep'  # the link was removed, not followed
+    # the link was removed, not followed
+    assert open(os.path.join(outside, 'keep.txt')).read() == 'keep'
 
 
-def test_what_cannot_be_removed_in_time_is_reported_once(tmp_path, monkeypatch):
-    root = str(tmp_path / 'run')
-    _build(root, str(tmp_path))
+def test_what_cannot_be_removed_in_time_is_reported_once(hostile, monkeypatch):
+    root, _ = hostile
     lines = []
     monkeypatch.setattr(sandbox_module, 'print_log', lambda msg, **kw: lines.append(msg))
     left = sandbox_module._remove_tree(root, deadline_s=0.0)
