@@ -17,6 +17,15 @@ What it denies (:data:`DENIED`), by what it would reach:
   ``perf_event_open``, ``bpf``, ``userfaultfd``, ``io_uring_*`` (whose operations
   bypass the filter), modules, ``kexec``, ``reboot``, swap, ``syslog``, ``acct``,
   quotas, file handles (``open_by_handle_at``), ``fanotify_init``;
+* the host's page cache, which every run shares (the interpreter, the standard library):
+  a run could clear a page of a read-only file and a later run read whether it is
+  cached, one bit of memory across runs per page. So the probes are refused: ``mincore``,
+  ``cachestat``, reads and writes with ``RWF_NOWAIT`` (``preadv2``/``pwritev2``, which fail
+  with ``EAGAIN`` when the page is not cached); and the evictions: ``fadvise64``
+  (``posix_fadvise``, ``POSIX_FADV_DONTNEED`` among its advice) and ``madvise`` with
+  ``MADV_PAGEOUT``, ``MADV_COLD`` or ``MADV_REMOVE`` (the advice a memory allocator uses,
+  such as ``MADV_DONTNEED`` on its own anonymous memory, stays allowed). What timing can
+  still tell (a read of a cached page is faster) is not a system call to refuse;
 * system calls of another ABI (i386 on x86_64, x32).
 
 With ``protect_pid`` (the test process of a two-process assert run,
@@ -65,12 +74,13 @@ _NUMBERS = {
     'swapon': (167, 224), 'swapoff': (168, 225), 'syslog': (103, 116), 'acct': (163, 89),
     'quotactl': (179, 60), 'quotactl_fd': (443, 443), 'open_by_handle_at': (304, 265),
     'name_to_handle_at': (303, 264), 'lookup_dcookie': (212, 18),
-    'fanotify_init': (300, 262),
+    'fanotify_init': (300, 262), 'mincore': (27, 232), 'cachestat': (451, 451),
+    'fadvise64': (221, 223),
     # checked by argument
     'clone': (56, 220), 'clone3': (435, 435), 'kill': (62, 129), 'tkill': (200, 130),
     'tgkill': (234, 131), 'rt_sigqueueinfo': (129, 138), 'rt_tgsigqueueinfo': (297, 240),
     'pidfd_send_signal': (424, 424), 'pidfd_open': (434, 434), 'fcntl': (72, 25),
-    'ioctl': (16, 29),
+    'ioctl': (16, 29), 'preadv2': (327, 286), 'pwritev2': (328, 287), 'madvise': (28, 233),
 }
 _X86_ONLY = {'iopl': 172, 'ioperm': 173}
 #: Denied whatever their arguments.
@@ -81,11 +91,14 @@ DENIED = ('unshare', 'setns', 'mount', 'umount2', 'pivot_root', 'chroot', 'open_
           'io_uring_enter', 'io_uring_register', 'kexec_load', 'kexec_file_load', 'init_module',
           'finit_module', 'delete_module', 'reboot', 'swapon', 'swapoff', 'syslog', 'acct',
           'quotactl', 'quotactl_fd', 'open_by_handle_at', 'name_to_handle_at',
-          'lookup_dcookie', 'fanotify_init')
+          'lookup_dcookie', 'fanotify_init', 'mincore', 'cachestat', 'fadvise64')
 # CLONE_NEWTIME | CLONE_NEWNS | CLONE_NEWCGROUP | UTS | IPC | USER | PID | NET
 _CLONE_NEW_MASK = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 \
     | 0x10000000 | 0x20000000 | 0x40000000
 _F_SETOWN, _F_SETOWN_EX = 8, 15
+_RWF_NOWAIT = 0x00000008
+# MADV_REMOVE, MADV_COLD, MADV_PAGEOUT: what evicts or deactivates pages of a file
+_MADV_EVICT = (9, 20, 21)
 _FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
 
 # classic BPF opcodes
@@ -168,6 +181,9 @@ def build_filter(machine: str | None = None, protect_pid: int | None = None) -> 
         p.jump(_JEQ, number, 'eperm')
     p.jump(_JEQ, nr['clone3'], 'enosys')
     p.jump(_JEQ, nr['clone'], 'clone')
+    p.jump(_JEQ, nr['preadv2'], 'rwf')
+    p.jump(_JEQ, nr['pwritev2'], 'rwf')
+    p.jump(_JEQ, nr['madvise'], 'madvise')
     if protect_pid is not None:
         p.jump(_JEQ, nr['kill'], 'kill')
         for name in ('tkill', 'rt_sigqueueinfo', 'pidfd_open'):
@@ -181,6 +197,15 @@ def build_filter(machine: str | None = None, protect_pid: int | None = None) -> 
     p.label('clone')
     p.load(_arg_low(0))
     p.jump(_JSET, _CLONE_NEW_MASK, 'eperm')
+    p.ret(_RET_ALLOW)
+    p.label('rwf')  # preadv2/pwritev2(fd, iov, iovcnt, pos_l, pos_h, flags)
+    p.load(_arg_low(5))
+    p.jump(_JSET, _RWF_NOWAIT, 'eperm')
+    p.ret(_RET_ALLOW)
+    p.label('madvise')  # madvise(addr, length, advice)
+    p.load(_arg_low(2))
+    for advice in _MADV_EVICT:
+        p.jump(_JEQ, advice, 'eperm')
     p.ret(_RET_ALLOW)
     if protect_pid is not None:
         p.label('kill')  # kill(pid, sig): the process, its own group (0), a group (< 0), all (-1)

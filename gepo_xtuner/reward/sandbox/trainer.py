@@ -34,8 +34,8 @@ pure Python or through native code. What a run gets (docs/rewards.md has the ful
     (``/tmp`` links there), ``/proc`` shows only its own processes; no network;
   - ``'contained'`` (Landlock, Linux >= 5.13): the kernel refuses every file access except
     reading the system's library directories and the interpreter and reading/writing the
-    working directory; network and PID namespaces where available, else TCP refused by
-    Landlock (ABI >= 4);
+    working directory; network, PID, IPC and UTS namespaces where available, else TCP
+    refused by Landlock (ABI >= 4);
   - ``'unsafe_files'`` (``unshare``): no network and own PIDs by the kernel, but files are
     guarded only by a Python audit hook, which code in the same process can disable;
   - ``'unsafe'``: only the kernel limits above; sockets, processes and files guarded by the
@@ -92,7 +92,9 @@ _HARNESS_FILES = tuple(str(Path(__file__).with_name(name)) for name in
                        ('harness.py', 'limits.py', 'wire.py', 'solution_side.py',
                         'judge_side.py', 'syscall_filter.py'))
 # root makes the namespaces itself (a user namespace would map the code to host root)
-_UNSHARE_ARGS = ('--net', '--pid', '--fork', '--kill-child')
+# network, PID, IPC (SysV shared memory, semaphores, message queues: nothing of a run's
+# survives it, nothing of another run is reachable) and UTS namespaces
+_UNSHARE_ARGS = ('--net', '--pid', '--ipc', '--uts', '--fork', '--kill-child')
 _UNSHARE_ARGS_USER = ('--map-root-user', *_UNSHARE_ARGS)
 #: Containment levels, weakest first, named by what they guarantee (module docstring).
 LEVELS = ('unsafe', 'unsafe_files', 'contained', 'isolated')
@@ -364,7 +366,7 @@ def _unshare_args() -> tuple[str, ...]:
 
 @functools.cache
 def namespaces_available(python: str) -> bool:
-    """Whether ``unshare`` can create network and PID namespaces here (and a user
+    """Whether ``unshare`` can create network, PID, IPC and UTS namespaces here (and a user
     namespace, for a trainer that is not root)."""
     unshare = shutil.which('unshare')
     if unshare is None:
