@@ -49,8 +49,8 @@ else:  # loaded by the harness as a module beside it (python -I -S)
     import syscall_filter as seccomp
     import wire
 
-__all__ = ['JUDGE_HOME', 'RemoteObject', 'SolutionBroke', 'SolutionClient', 'UnsupportedTest',
-           'judge_process', 'run_tests']
+__all__ = ['JUDGE_HOME', 'ChecksFailed', 'RemoteObject', 'SolutionBroke', 'SolutionClient',
+           'UnsupportedTest', 'every_check_runs', 'judge_process', 'run_tests']
 
 
 class SolutionBroke(BaseException):
@@ -290,6 +290,43 @@ def stdlib_modules_used(program: str, names: list[str], entry_point: str | None)
             and seen.get(n, False)]
 
 
+#: the name under which a test program's rewritten asserts report a failed check
+FAILED_CHECK = '__gepo_failed_check__'
+
+
+class ChecksFailed(AssertionError):
+    """Checks of the test program failed (it ran to its end, every check judged)."""
+
+
+def every_check_runs(program: str) -> 'ast.Module':
+    """``program`` with each ``assert`` turned into a check that records a failure and
+    goes on, so the program runs to its end whatever the solution answers.
+
+    A test program stops at its first failing assert, so the solution process would see,
+    call by call, how far it got: one bit of the verdict per call. Rewritten, each
+    ``assert TEST, MSG`` is ``try: assert TEST, MSG`` / ``except Exception:
+    __gepo_failed_check__()``: a false test, or an exception while evaluating it (the
+    solution's own, re-raised here, or the tests' on what it returned), is recorded and
+    the program goes on to its next statement. The calls the solution receives, their
+    order and arguments and when the run ends are then the same whether the checks hold
+    or not; the verdict is decided after the program ended (:func:`run_tests`). A
+    ``BaseException`` (the solution process died: :class:`SolutionBroke`) still ends it.
+    An exception outside an assert (a statement of the tests that fails on a value the
+    solution returned) still ends the program there: docs/rewards.md, "What the solution
+    learns from a run".
+    """
+    import ast
+
+    class Rewrite(ast.NodeTransformer):
+        def visit_Assert(self, node: ast.Assert) -> ast.Try:
+            report = ast.Expr(ast.Call(ast.Name(FAILED_CHECK, ast.Load()), [], []))
+            handler = ast.ExceptHandler(ast.Name('Exception', ast.Load()), None, [report])
+            return ast.copy_location(ast.Try([node], [handler], [], []), node)
+
+    tree = Rewrite().visit(ast.parse(program))
+    return ast.fix_missing_locations(tree)
+
+
 def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: str | None,
               names: list[str]) -> int:
     """Runs the test program against the solution process (test side).
@@ -305,12 +342,16 @@ def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: s
         names: the names the program reads but does not define (found by the trusted
             parent); those the solution defines are bound to its values.
 
+    Every check runs (:func:`every_check_runs`); the verdict comes after the program
+    ended.
+
     Returns:
         How many calls the tests made into the solution (0 proves nothing: the caller
         fails such a run).
 
     Raises:
-        AssertionError or any exception of the tests: a failed test.
+        ChecksFailed: one or more checks failed.
+        Any other exception of the tests: a statement outside the checks failed.
         SolutionBroke, UnsupportedTest: see the module docstring.
     """
     sys.set_int_max_str_digits(0)  # large integers cross the pipe as JSON numbers
@@ -329,7 +370,14 @@ def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: s
     for name in wanted:
         scope.pop(name, None)  # a stub of the prompt's must not stand in for the solution
     scope.update(client.names(wanted))
-    exec(compile(program, 'tests.py', 'exec', optimize=0), scope)  # noqa: S102
+    failed = [0]
+
+    def record_failure() -> None:
+        failed[0] += 1
+    scope[FAILED_CHECK] = record_failure
+    exec(compile(every_check_runs(program), 'tests.py', 'exec', optimize=0), scope)  # noqa: S102
+    if failed[0]:
+        raise ChecksFailed(f'{failed[0]} check(s) of the tests failed')
     return client.calls
 
 
@@ -433,6 +481,7 @@ def judge_process(spec: dict, control, channel: 'wire.Channel', solution_pid: in
     limits.last_steps(spec)
     client = SolutionClient(channel, frozenset(tests['modules']))
     nonce = tests['nonce']
+    failure: BaseException | None = None
     try:
         calls = run_tests(client, tests['program'], tests['prelude'],
                                  tests['entry_point'], tests['names'])
@@ -440,15 +489,21 @@ def judge_process(spec: dict, control, channel: 'wire.Channel', solution_pid: in
         control.write(f'unsupported {nonce} {json.dumps(str(exc))}\n')
         control.flush()
         os._exit(3)
+    except Exception as exc:  # noqa: BLE001  (a failed test: reported after the solution ended)
+        failure, calls = exc, client.calls
     finally:
         if trace is not None:  # before the verdict, and on a failure too
             control.write(f'judge-trace {json.dumps(_trace_report(trace))}\n')
             control.flush()
-    if calls == 0:
-        raise AssertionError('the tests never called the solution')
+    # The solution's end is the same whatever the verdict: its pipe closes once the program
+    # ran, and only then is the verdict written.
+    let_solution_finish(solution_pid, channel, channel.write_fd)
+    if failure is None and calls == 0:
+        failure = AssertionError('the tests never called the solution')
+    if failure is not None:
+        raise failure
     control.write(f'asserts-ok {nonce} {calls}\n')
     control.flush()
-    let_solution_finish(solution_pid, channel, channel.write_fd)
 
 def let_solution_finish(pid: int, channel: 'wire.Channel', write_fd: int,
                          wait_s: float = 1.0) -> None:
