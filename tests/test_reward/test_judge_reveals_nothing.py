@@ -80,3 +80,97 @@ def test_every_assert_is_rewritten_and_nothing_else():
     # the rest of the program is untouched
     plain = ast.dump(ast.parse(program).body[1])
     assert ast.dump(tree.body[1]) == plain
+
+
+#: a right solution that first tries to change the judge's limits and scheduling (its
+#: parent: the test process), reporting each errno on stderr
+_REACH = r'''
+import ctypes, os, sys
+judge = os.getppid()
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = os.uname().machine == 'x86_64'
+def tried(name, call):
+    ctypes.set_errno(0)
+    try:
+        result = call()
+    except OSError as exc:
+        print(f'{name} {exc.errno}', file=sys.stderr, flush=True)
+        return
+    failed = isinstance(result, int) and result < 0  # a raw syscall's -1
+    print(f'{name} {ctypes.get_errno() if failed else "ok"}', file=sys.stderr, flush=True)
+import resource
+tried('prlimit', lambda: resource.prlimit(judge, resource.RLIMIT_FSIZE, (0, 0)))
+tried('setpriority', lambda: os.setpriority(os.PRIO_PROCESS, judge, 19))
+tried('setpriority_group', lambda: os.setpriority(os.PRIO_PGRP, 0, 19))
+tried('affinity', lambda: os.sched_setaffinity(judge, {0}))
+tried('scheduler', lambda: os.sched_setscheduler(judge, os.SCHED_IDLE, os.sched_param(0)))
+tried('ioprio', lambda: libc.syscall(251 if x86 else 30, 1, judge, (3 << 13) | 7))
+tried('own_priority', lambda: os.setpriority(os.PRIO_PROCESS, 0, 1))
+def double(x):
+    return 2 * x
+'''
+_TESTS = 'assert double(3) == 6\nassert double(4) == 8\n'
+REACHES = ('prlimit', 'setpriority', 'setpriority_group', 'affinity', 'scheduler', 'ioprio')
+
+_NOBODY = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from boxpkg.sandbox import AssertTests, Sandbox, available_levels
+code, tests, boxes = sys.argv[2], sys.argv[3], sys.argv[4]
+out = {'why_not': available_levels(), 'runs': {}}
+for level in ('isolated', 'contained'):
+    if out['why_not'][level] is None:
+        result = Sandbox(timeout_s=10, isolation=level, tmp_dir=boxes).run(
+            code, asserts=AssertTests(tests))
+        out['runs'][level] = [result.has_value, result.stderr]
+print(json.dumps(out))
+'''
+
+
+def _refused(stderr: str) -> dict[str, str]:
+    return dict(line.split(' ', 1) for line in stderr.splitlines()
+                if line.split(' ', 1)[0] in (*REACHES, 'own_priority'))
+
+
+def test_the_judge_is_out_of_the_solutions_reach_as_root(tmp_path):
+    from gepo_xtuner.reward.sandbox import AssertTests, Sandbox, available_levels
+    for level in [lv for lv in ('isolated', 'contained') if available_levels()[lv] is None]:
+        result = Sandbox(timeout_s=10, isolation=level, tmp_dir=str(tmp_path)).run(
+            _REACH, asserts=AssertTests(_TESTS))
+        got = _refused(result.stderr)
+        assert result.has_value, (level, result.stderr[-2000:])
+        assert all(got[name] != 'ok' for name in REACHES), (level, got)
+
+
+def test_the_judge_is_out_of_the_solutions_reach_as_nobody():
+    """As nobody the two processes share a uid, so only the filter stands between them:
+    every change of the judge's limits or scheduling is refused (EPERM), the solution's
+    own priority is its to change, and the verdict holds."""
+    import json
+    import os
+    import pwd
+    import tempfile
+
+    from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+    if nobody_skip_reason() is not None:
+        pytest.skip(str(nobody_skip_reason()))
+    nobody = pwd.getpwnam('nobody')
+    boxes = tempfile.mkdtemp(prefix='gepo-reach-')
+    os.chmod(boxes, 0o755)
+    os.chown(boxes, nobody.pw_uid, nobody.pw_gid)
+    try:
+        with sandbox_copy() as work:
+            done = run_as_nobody(work, _NOBODY, _REACH, _TESTS, boxes, timeout=120)
+    finally:
+        left = os.listdir(boxes)
+        os.rmdir(boxes) if not left else None
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if not out['runs']:
+        pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
+    for level, (has_value, stderr) in out['runs'].items():
+        got = _refused(stderr)
+        assert has_value, (level, stderr[-2000:])
+        assert all(got[name] == '1' for name in REACHES), (level, got)  # EPERM: the filter
+        assert got['own_priority'] == 'ok', (level, got)
+    assert left == []

@@ -478,6 +478,9 @@ def judge_process(spec: dict, control, channel: 'wire.Channel', solution_pid: in
         raise RuntimeError('the solution process failed before running the code')
     control.write('ready\n')
     control.flush()
+    # only now may the solution's code run: nothing it does can keep this line from the
+    # trainer (a judge it made fail before it would have been a reward error, not a 0)
+    channel.send({'go': True})
     limits.last_steps(spec)
     client = SolutionClient(channel, frozenset(tests['modules']))
     nonce = tests['nonce']

@@ -226,6 +226,12 @@ def solution_process(spec: dict, channel: 'wire.Channel', test_pid: int) -> None
         source = f.read()
     limits.last_steps(spec)
     channel.send({'ready': True})
+    try:  # the code runs once the test process has told the trainer it is up
+        go = channel.recv()
+    except (EOFError, ValueError):
+        go = None
+    if go != {'go': True}:
+        os._exit(1)
     install_guard(spec['block_network'], spec['block_processes'], spec.get('fs_guard'))
     namespace = {'__name__': '__main__', '__builtins__': builtins}
     exec(compile(source, 'solution.py', 'exec'), namespace)  # noqa: S102

@@ -35,7 +35,11 @@ any group or of every process (``pid < 0``),
 ``tkill``/``tgkill``/``rt_(tg)sigqueueinfo`` of it, ``pidfd_open`` of it,
 ``pidfd_send_signal`` altogether (a ``/proc/<pid>`` descriptor is a pidfd too) and
 making it the owner of a descriptor's ``SIGIO`` (``fcntl F_SETOWN[_EX]``, ``ioctl
-FIOSETOWN/SIOCSPGRP``).
+FIOSETOWN/SIOCSPGRP``); and every way to change its limits or its scheduling where the two
+share a uid (a trainer that is not root): ``prlimit64`` of it (``RLIMIT_FSIZE=0`` in a race
+with its first write made it fail), ``sched_setaffinity`` / ``sched_setscheduler`` /
+``sched_setparam`` / ``sched_setattr`` of it, ``setpriority`` and ``ioprio_set`` of it or
+of any group or user (the two share a process group).
 
 Supported on x86_64 and aarch64 (:func:`supported`); elsewhere the sandbox runs without
 it and says so.
@@ -81,6 +85,9 @@ _NUMBERS = {
     'tgkill': (234, 131), 'rt_sigqueueinfo': (129, 138), 'rt_tgsigqueueinfo': (297, 240),
     'pidfd_send_signal': (424, 424), 'pidfd_open': (434, 434), 'fcntl': (72, 25),
     'ioctl': (16, 29), 'preadv2': (327, 286), 'pwritev2': (328, 287), 'madvise': (28, 233),
+    'prlimit64': (302, 261), 'sched_setaffinity': (203, 122), 'sched_setscheduler': (144, 119),
+    'sched_setparam': (142, 118), 'sched_setattr': (314, 274), 'setpriority': (141, 140),
+    'ioprio_set': (251, 30),
 }
 _X86_ONLY = {'iopl': 172, 'ioperm': 173}
 #: Denied whatever their arguments.
@@ -97,6 +104,7 @@ _CLONE_NEW_MASK = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
     | 0x10000000 | 0x20000000 | 0x40000000
 _F_SETOWN, _F_SETOWN_EX = 8, 15
 _RWF_NOWAIT = 0x00000008
+_PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1
 # MADV_REMOVE, MADV_COLD, MADV_PAGEOUT: what evicts or deactivates pages of a file
 _MADV_EVICT = (9, 20, 21)
 _FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
@@ -186,8 +194,11 @@ def build_filter(machine: str | None = None, protect_pid: int | None = None) -> 
     p.jump(_JEQ, nr['madvise'], 'madvise')
     if protect_pid is not None:
         p.jump(_JEQ, nr['kill'], 'kill')
-        for name in ('tkill', 'rt_sigqueueinfo', 'pidfd_open'):
+        for name in ('tkill', 'rt_sigqueueinfo', 'pidfd_open', 'prlimit64', 'sched_setaffinity',
+                     'sched_setscheduler', 'sched_setparam', 'sched_setattr'):
             p.jump(_JEQ, nr[name], 'arg0')
+        p.jump(_JEQ, nr['setpriority'], 'setpriority')
+        p.jump(_JEQ, nr['ioprio_set'], 'ioprio_set')
         for name in ('tgkill', 'rt_tgsigqueueinfo'):
             p.jump(_JEQ, nr[name], 'arg01')
         p.jump(_JEQ, nr['pidfd_send_signal'], 'eperm')
@@ -219,6 +230,18 @@ def build_filter(machine: str | None = None, protect_pid: int | None = None) -> 
         p.jump(_JEQ, protect_pid, 'eperm')
         p.label('arg0')
         p.load(_arg_low(0))
+        p.jump(_JEQ, protect_pid, 'eperm')
+        p.ret(_RET_ALLOW)
+        # setpriority / ioprio_set(which, who, ...): one process, never the judge, no group
+        # or user (the two share a process group and, for a non-root trainer, a uid)
+        p.label('setpriority')
+        p.load(_arg_low(0))
+        p.jump(_JEQ, _PRIO_PROCESS, 'who', 'eperm')
+        p.label('ioprio_set')
+        p.load(_arg_low(0))
+        p.jump(_JEQ, _IOPRIO_WHO_PROCESS, 'who', 'eperm')
+        p.label('who')
+        p.load(_arg_low(1))
         p.jump(_JEQ, protect_pid, 'eperm')
         p.ret(_RET_ALLOW)
         p.label('fcntl')
