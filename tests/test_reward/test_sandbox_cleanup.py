@@ -174,3 +174,95 @@ def test_as_nobody_a_deep_tree_and_chmod_000_neither_raise_nor_stay():
     for level, (status, stdout, left) in out['runs'].items():
         assert status != 'raised', (level, stdout)
         assert left == [], (level, left)
+
+
+def test_disk_use_is_counted_however_deep_the_path(hostile):
+    """The disk check walks the tree with one folder open at a time: an 8 MiB file at the
+    bottom of 3000 levels (past PATH_MAX, where ``os.scandir(path)`` fails) is counted."""
+    import subprocess
+    import sys
+    root, _ = hostile
+    before = sandbox_module._tree_bytes(root)
+    write = ('import os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\n'
+             'os.chmod(sys.argv[1], 0o700)\n'
+             'while True:\n'
+             '    try:\n'
+             '        os.chmod("d" * 20, 0o700, dir_fd=fd)\n'
+             '        nxt = os.open("d" * 20, os.O_RDONLY, dir_fd=fd)\n'
+             '    except FileNotFoundError:\n'
+             '        break\n'
+             '    os.close(fd)\n'
+             '    fd = nxt\n'
+             'f = os.open("big", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd)\n'
+             'os.write(f, b"x" * (8 << 20))\n')
+    subprocess.run([sys.executable, '-I', '-c', write, root], check=True, timeout=60)
+    after = sandbox_module._tree_bytes(root)
+    assert after - before >= 8 << 20, (before, after)
+
+
+_DEEP_WRITE = r'''
+import os
+fd = os.open('.', os.O_RDONLY)
+for i in range(300):  # 300 levels of 240 letters: 72,000 bytes of path
+    os.mkdir('d' * 240, dir_fd=fd)
+    inner = os.open('d' * 240, os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = inner
+for i in range(40):
+    f = os.open(f'f{i}', os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd)
+    os.write(f, b'x' * (1 << 20))
+    os.close(f)
+print('wrote 40 MiB')
+'''
+
+_NOBODY_DISK = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from boxpkg.sandbox import Sandbox, available_levels
+from boxpkg.sandbox.trainer import UNCOUNTABLE, _tree_bytes
+code, boxes, hidden = sys.argv[2], sys.argv[3], sys.argv[4]
+out = {'why_not': available_levels(), 'runs': {}}
+for level in ('isolated', 'contained'):
+    if out['why_not'][level] is None:
+        result = Sandbox(timeout_s=20, disk_mb=16, isolation=level, tmp_dir=boxes).run(code)
+        out['runs'][level] = [result.status, result.stdout, os.listdir(boxes)]
+os.makedirs(os.path.join(hidden, 'secret'))
+os.chmod(os.path.join(hidden, 'secret'), 0)  # the code hides a folder from the counter
+out['hidden'] = _tree_bytes(hidden) == UNCOUNTABLE
+os.chmod(os.path.join(hidden, 'secret'), 0o700)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(nobody_skip_reason() is not None, reason=str(nobody_skip_reason()))
+def test_as_nobody_the_disk_limit_holds_however_deep_the_path():
+    """40 MiB written 300 levels down (72,000 bytes of path) with ``disk_mb`` 16: the run
+    ends at the disk limit at every level (at 'contained' the tree is on the host's disk
+    and the walk must reach it); a folder the counter cannot open counts as over."""
+    nobody = pwd.getpwnam('nobody')
+    own = tempfile.mkdtemp(prefix='gepo-disk-')
+    os.chmod(own, 0o755)
+    os.chown(own, nobody.pw_uid, nobody.pw_gid)
+    try:
+        boxes, hidden = os.path.join(own, 'boxes'), os.path.join(own, 'hidden')
+        for folder in (boxes, hidden):
+            os.mkdir(folder)
+            os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+        with sandbox_copy() as work:
+            done = run_as_nobody(work, _NOBODY_DISK, _DEEP_WRITE, boxes, hidden, timeout=240)
+    finally:
+        sandbox_module._remove_tree(own)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out['hidden']
+    if not out['runs']:
+        pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
+    for level, (status, stdout, left) in out['runs'].items():
+        # 'isolated': a tmpfs of disk_mb, full means ENOSPC (the write fails); 'contained':
+        # the host's disk, the walk finds the bytes and ends the run
+        # (the check runs every 50 ms: the writes may finish before it ends the run)
+        if level == 'isolated':
+            assert status == 'error' and 'wrote' not in stdout, (level, status, stdout)
+        else:
+            assert status == 'disk_limit', (level, status, stdout)
+        assert left == [], (level, left)

@@ -485,23 +485,66 @@ def _report(python: str, level: str, why_not: dict[str, str | None]) -> None:
               logger='current', level=20 if not warn else 30)
 
 
+#: what :func:`_tree_bytes` returns for a tree it cannot read to the end: over any limit
+UNCOUNTABLE = 1 << 62
+
+
 def _tree_bytes(path: str) -> int:
     """Disk space taken by a directory tree (allocated blocks, so sparse files count
-    what they use)."""
-    total, stack = 0, [path]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
-        except OSError:
-            continue
+    what they use), however deep.
+
+    The walk opens each folder relative to its parent and goes back up through ``..``,
+    so it holds one folder open at a time and never builds a path: a tree deeper than
+    ``PATH_MAX`` (which ``os.scandir(path)`` could not open, so 96 MiB written there went
+    uncounted) is counted to its last level. A folder it cannot open (the code made it
+    unreadable) makes the tree count as :data:`UNCOUNTABLE` (over any limit): what
+    cannot be counted is not allowed.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    total = 0
+
+    def scan(fd: int) -> list[str]:
+        nonlocal total
+        folders = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(entry.name)
+        return folders
+
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return 0
+    try:
+        stack = [scan(fd)]  # per level: the folders still to visit
+        while stack:
+            if stack[-1]:
+                name = stack[-1].pop()
+                try:
+                    child = os.open(name, flags, dir_fd=fd)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                except OSError:
+                    return UNCOUNTABLE
+                os.close(fd)
+                fd = child
+                stack.append(scan(fd))
+            else:
+                stack.pop()
+                if stack:
+                    parent = os.open('..', flags, dir_fd=fd)
+                    os.close(fd)
+                    fd = parent
+    except OSError:
+        return UNCOUNTABLE
+    finally:
+        os.close(fd)
     return total
 
 
