@@ -55,11 +55,21 @@ WRONG = '```python\na, b = map(int, input().split())\nprint(a * b)\n```'
 
 
 def load_before(rev: str, where: Path, package: str = 'sandbox_before'):
-    """The ``Sandbox`` class of ``rev`` (its sandbox files copied into ``where``)."""
+    """The ``Sandbox`` class of ``rev`` (its sandbox files copied into ``where``: the
+    package ``reward/sandbox/`` or, in older revisions, the modules of :data:`FILES`)."""
     pkg = where / package
     pkg.mkdir()
     (pkg / '__init__.py').write_text('')
-    for name in FILES:
+    listed = subprocess.run(['git', 'ls-tree', '--name-only', f'{rev}:gepo_xtuner/reward/sandbox'],
+                            cwd=ROOT, capture_output=True, text=True, check=False)
+    if listed.returncode == 0:  # the package layout: copy reward/sandbox/ whole
+        (pkg / 'sandbox').mkdir()
+        for name in listed.stdout.split():
+            if name.endswith('.py'):
+                (pkg / 'sandbox' / name).write_text(subprocess.run(
+                    ['git', 'show', f'{rev}:gepo_xtuner/reward/sandbox/{name}'], cwd=ROOT,
+                    capture_output=True, text=True, check=True).stdout)
+    for name in FILES if listed.returncode != 0 else ():
         done = subprocess.run(['git', 'show', f'{rev}:gepo_xtuner/reward/{name}'], cwd=ROOT,
                               capture_output=True, text=True, check=False)
         if done.returncode == 0:  # older revisions have fewer files
