@@ -39,12 +39,23 @@ def _solutions(name: str, params: str, right: str) -> dict[str, str]:
     }
 
 
+# asserts that short-circuit as published: an `and`, an `all(...)`, a message that calls
+MBPP_SHORT = {
+    'task_id': 'setup-2', 'text': 'Write a function that doubles a number.',
+    'code': 'def double(x):\n    return 2 * x\n',
+    'test_list': ['assert double(base) == 6 and double(base + 1) == 8',
+                  'assert all(double(i) == 2 * i for i in range(base))',
+                  'assert double(-base) == -6, f"got {double(-base)}"'],
+    'test_setup_code': 'base = 3', 'challenge_test_list': [],
+}
+
 CASES = {
     'HumanEval/0': (HUMANEVAL_0, _solutions(
         'has_close_elements', 'numbers, threshold',
         '    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n'
         '               for j, b in enumerate(numbers) if i != j)\n')),
     'MBPP setup code': (MBPP_SETUP, _solutions('double', 'x', '    return 2 * x\n')),
+    'MBPP and / all / message': (MBPP_SHORT, _solutions('double', 'x', '    return 2 * x\n')),
 }
 
 
@@ -174,3 +185,30 @@ def test_the_judge_is_out_of_the_solutions_reach_as_nobody():
         assert all(got[name] == '1' for name in REACHES), (level, got)  # EPERM: the filter
         assert got['own_priority'] == 'ok', (level, got)
     assert left == []
+
+
+def test_the_tests_own_handling_of_a_failed_assert_is_kept():
+    """An assert inside a ``try`` that catches its failure (or under ``suppress``) is the
+    tests' business: left as written, so the published verdict holds; ``and`` / ``or`` /
+    ``all`` / ``any`` keep Python's results (and where an exception is raised)."""
+    from gepo_xtuner.reward.sandbox import judge_side as judge
+    program = ('try:\n    assert double(1) == 5\nexcept AssertionError:\n    pass\n'
+               'import contextlib\nwith contextlib.suppress(AssertionError):\n'
+               '    assert double(1) == 7\n'
+               'assert double(2) == 4 or double(3) == 0\n'
+               'assert any([double(0) == 1, double(1) == 2])\n'
+               'assert not all(double(i) == 0 for i in range(3))\n')
+    calls, failed = [], []
+
+    def double(x):
+        calls.append(x)
+        return 2 * x
+    scope = {'double': double, judge.FAILED_CHECK: lambda: failed.append(1),
+             judge.BOOL_OP: judge.bool_op, judge.ALL: judge.all_checked,
+             judge.ANY: judge.any_checked}
+    exec(compile(judge.every_check_runs(program), 'tests.py', 'exec'), scope)  # noqa: S102
+    assert failed == [] and calls == [1, 1, 2, 3, 0, 1, 0, 1, 2]
+    assert judge.bool_op(True, lambda: 1, lambda: 0, lambda: 1 / 0) == 0
+    assert judge.bool_op(False, lambda: 0, lambda: 3, lambda: 1 / 0) == 3
+    with pytest.raises(ZeroDivisionError):
+        judge.bool_op(True, lambda: 1, lambda: 1 / 0)

@@ -290,8 +290,13 @@ def stdlib_modules_used(program: str, names: list[str], entry_point: str | None)
             and seen.get(n, False)]
 
 
-#: the name under which a test program's rewritten asserts report a failed check
+#: names the rewritten test program calls (bound in its scope by :func:`run_tests`)
 FAILED_CHECK = '__gepo_failed_check__'
+BOOL_OP = '__gepo_bool_op__'
+ALL, ANY = '__gepo_all__', '__gepo_any__'
+#: exception classes whose handlers make the asserts of their ``try`` the tests' own
+#: business (a published test that expects or tolerates a failed assert): left as written
+_CATCHING = frozenset({'AssertionError', 'Exception', 'BaseException'})
 
 
 class ChecksFailed(AssertionError):
@@ -299,32 +304,152 @@ class ChecksFailed(AssertionError):
 
 
 def every_check_runs(program: str) -> 'ast.Module':
-    """``program`` with each ``assert`` turned into a check that records a failure and
-    goes on, so the program runs to its end whatever the solution answers.
+    """``program`` rewritten so that it runs to its end whatever the solution answers.
 
     A test program stops at its first failing assert, so the solution process would see,
-    call by call, how far it got: one bit of the verdict per call. Rewritten, each
-    ``assert TEST, MSG`` is ``try: assert TEST, MSG`` / ``except Exception:
-    __gepo_failed_check__()``: a false test, or an exception while evaluating it (the
-    solution's own, re-raised here, or the tests' on what it returned), is recorded and
-    the program goes on to its next statement. The calls the solution receives, their
-    order and arguments and when the run ends are then the same whether the checks hold
-    or not; the verdict is decided after the program ended (:func:`run_tests`). A
-    ``BaseException`` (the solution process died: :class:`SolutionBroke`) still ends it.
-    An exception outside an assert (a statement of the tests that fails on a value the
-    solution returned) still ends the program there: docs/rewards.md, "What the solution
-    learns from a run".
+    call by call, how far it got: one bit of the verdict per call. Rewritten:
+
+    * each ``assert TEST, MSG`` is ``try: assert TEST`` / ``except Exception:
+      __gepo_failed_check__()``: a false test, or an exception while evaluating it (the
+      solution's own, re-raised here, or the tests' on what it returned), is recorded and
+      the program goes on. ``MSG`` is dropped: it is evaluated only when the check fails
+      (a message that calls the solution would tell it so) and never decides a verdict;
+    * inside an assert's test, ``and`` / ``or`` evaluate every operand before combining
+      them as Python does (:func:`bool_op`), and ``all(...)`` / ``any(...)`` consume their
+      whole argument (:func:`all_checked`, :func:`any_checked`): short-circuiting would
+      skip the calls after the first false (true) part, which shows where it was;
+    * an assert inside a ``try`` whose handler catches ``AssertionError`` (or
+      ``Exception``, ``BaseException``, everything), or inside a ``with`` of
+      ``suppress``, is left as written: the tests handle its failure themselves.
+
+    The calls the solution receives, their order and arguments, and when the run ends are
+    then the same whether the checks hold or not; the verdict is decided after the program
+    ended (:func:`run_tests`). A ``BaseException`` (the solution process died:
+    :class:`SolutionBroke`) still ends it. What still ends a program early, or skips
+    calls: a statement outside an assert that fails on a value the solution returned,
+    a chained comparison (``a < f(x) < b``), and the tests' own control flow on the
+    solution's values (docs/rewards.md, "What a solution learns from a run").
     """
     import ast
 
+    def catches_failures(handler: ast.ExceptHandler) -> bool:
+        kinds = handler.type
+        if kinds is None:
+            return True
+        names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+        return any(isinstance(n, ast.Name) and n.id in _CATCHING or
+                   isinstance(n, ast.Attribute) and n.attr in _CATCHING for n in names)
+
+    def thunk(value: ast.expr) -> ast.Lambda:
+        args = ast.arguments(posonlyargs=[], args=[], vararg=None, kwonlyargs=[],
+                             kw_defaults=[], kwarg=None, defaults=[])
+        return ast.Lambda(args, value)
+
+    class EveryOperand(ast.NodeTransformer):
+        """Inside an assert's test: no short-circuit skips a call."""
+
+        def visit_BoolOp(self, node: ast.BoolOp) -> ast.Call:
+            self.generic_visit(node)
+            is_and = ast.Constant(isinstance(node.op, ast.And))
+            return ast.copy_location(ast.Call(ast.Name(BOOL_OP, ast.Load()),
+                                              [is_and, *map(thunk, node.values)], []), node)
+
+        def visit_Call(self, node: ast.Call) -> ast.Call:
+            self.generic_visit(node)
+            if isinstance(node.func, ast.Name) and node.func.id in ('all', 'any') \
+                    and len(node.args) == 1 and not node.keywords:
+                node.func = ast.copy_location(
+                    ast.Name(ALL if node.func.id == 'all' else ANY, ast.Load()), node.func)
+            return node
+
+        def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:
+            return node  # a function the test defines: its body runs as written
+
     class Rewrite(ast.NodeTransformer):
-        def visit_Assert(self, node: ast.Assert) -> ast.Try:
+        def __init__(self) -> None:
+            self.handled = 0  # depth of try / with blocks that handle failures themselves
+
+        def visit_Try(self, node: ast.Try) -> ast.Try:
+            own = any(catches_failures(h) for h in node.handlers)
+            self.handled += own
+            node.body = [self.visit(n) for n in node.body]
+            self.handled -= own
+            node.handlers = [self.visit(h) for h in node.handlers]
+            node.orelse = [self.visit(n) for n in node.orelse]
+            node.finalbody = [self.visit(n) for n in node.finalbody]
+            return node
+
+        def visit_With(self, node: ast.With) -> ast.With:
+            own = any('suppress' in ast.dump(item.context_expr) for item in node.items)
+            self.handled += own
+            self.generic_visit(node)
+            self.handled -= own
+            return node
+
+        def visit_Assert(self, node: ast.Assert) -> ast.stmt:
+            if self.handled:
+                return node
+            check = ast.Assert(EveryOperand().visit(node.test), None)
             report = ast.Expr(ast.Call(ast.Name(FAILED_CHECK, ast.Load()), [], []))
             handler = ast.ExceptHandler(ast.Name('Exception', ast.Load()), None, [report])
-            return ast.copy_location(ast.Try([node], [handler], [], []), node)
+            return ast.copy_location(ast.Try([ast.copy_location(check, node)], [handler], [],
+                                             []), node)
 
     tree = Rewrite().visit(ast.parse(program))
     return ast.fix_missing_locations(tree)
+
+
+def bool_op(is_and: bool, *operands) -> object:
+    """``a and b and ...`` (``is_and``) or ``a or b or ...`` over thunks, every one called
+    first, then combined as Python does: the first false (true) value, else the last; an
+    operand's exception is raised where evaluation would have reached it."""
+    results = []
+    for operand in operands:
+        try:
+            results.append((True, operand()))
+        except Exception as exc:  # noqa: BLE001  (raised below if evaluation reaches it)
+            results.append((False, exc))
+    for ok, value in results[:-1]:
+        if not ok:
+            raise value
+        if bool(value) != is_and:
+            return value
+    ok, value = results[-1]
+    if not ok:
+        raise value
+    return value
+
+
+def _consume(iterable) -> tuple[list, BaseException | None]:
+    values, error = [], None
+    try:
+        for value in iterable:
+            values.append(value)
+    except Exception as exc:  # noqa: BLE001
+        error = exc
+    return values, error
+
+
+def all_checked(iterable) -> bool:
+    """``all(iterable)`` after consuming it whole (the calls its items make all happen)."""
+    values, error = _consume(iterable)
+    for value in values:
+        if not value:
+            return False
+    if error is not None:
+        raise error
+    return True
+
+
+def any_checked(iterable) -> bool:
+    """``any(iterable)`` after consuming it whole."""
+    values, error = _consume(iterable)
+    for value in values:
+        if value:
+            return True
+    if error is not None:
+        raise error
+    return False
 
 
 def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: str | None,
@@ -374,7 +499,8 @@ def run_tests(client: SolutionClient, program: str, prelude: str, entry_point: s
 
     def record_failure() -> None:
         failed[0] += 1
-    scope[FAILED_CHECK] = record_failure
+    scope.update({FAILED_CHECK: record_failure, BOOL_OP: bool_op, ALL: all_checked,
+                  ANY: any_checked})
     exec(compile(every_check_runs(program), 'tests.py', 'exec', optimize=0), scope)  # noqa: S102
     if failed[0]:
         raise ChecksFailed(f'{failed[0]} check(s) of the tests failed')

@@ -21,11 +21,14 @@ What it denies (:data:`DENIED`), by what it would reach:
   a run could clear a page of a read-only file and a later run read whether it is
   cached, one bit of memory across runs per page. So the probes are refused: ``mincore``,
   ``cachestat``, reads and writes with ``RWF_NOWAIT`` (``preadv2``/``pwritev2``, which fail
-  with ``EAGAIN`` when the page is not cached); and the evictions: ``fadvise64``
-  (``posix_fadvise``, ``POSIX_FADV_DONTNEED`` among its advice) and ``madvise`` with
+  with ``EAGAIN`` when the page is not cached), Linux AIO (``io_setup``, ``io_submit``: its
+  requests carry the same flag); and the evictions: ``fadvise64`` (``posix_fadvise``,
+  ``POSIX_FADV_DONTNEED`` among its advice), ``process_madvise`` and ``madvise`` with
   ``MADV_PAGEOUT``, ``MADV_COLD`` or ``MADV_REMOVE`` (the advice a memory allocator uses,
-  such as ``MADV_DONTNEED`` on its own anonymous memory, stays allowed). What timing can
-  still tell (a read of a cached page is faster) is not a system call to refuse;
+  such as ``MADV_DONTNEED`` on its own anonymous memory, stays allowed). This narrows the
+  channel, it does not close it: timing (a cached page reads faster) and the present bits
+  of ``/proc/self/pagemap`` after a fault that maps the cached neighbours of a page are
+  no system calls to refuse;
 * system calls of another ABI (i386 on x86_64, x32).
 
 With ``protect_pid`` (the test process of a two-process assert run,
@@ -79,7 +82,8 @@ _NUMBERS = {
     'quotactl': (179, 60), 'quotactl_fd': (443, 443), 'open_by_handle_at': (304, 265),
     'name_to_handle_at': (303, 264), 'lookup_dcookie': (212, 18),
     'fanotify_init': (300, 262), 'mincore': (27, 232), 'cachestat': (451, 451),
-    'fadvise64': (221, 223),
+    'fadvise64': (221, 223), 'io_setup': (206, 0), 'io_submit': (209, 2),
+    'process_madvise': (440, 440),
     # checked by argument
     'clone': (56, 220), 'clone3': (435, 435), 'kill': (62, 129), 'tkill': (200, 130),
     'tgkill': (234, 131), 'rt_sigqueueinfo': (129, 138), 'rt_tgsigqueueinfo': (297, 240),
@@ -98,7 +102,8 @@ DENIED = ('unshare', 'setns', 'mount', 'umount2', 'pivot_root', 'chroot', 'open_
           'io_uring_enter', 'io_uring_register', 'kexec_load', 'kexec_file_load', 'init_module',
           'finit_module', 'delete_module', 'reboot', 'swapon', 'swapoff', 'syslog', 'acct',
           'quotactl', 'quotactl_fd', 'open_by_handle_at', 'name_to_handle_at',
-          'lookup_dcookie', 'fanotify_init', 'mincore', 'cachestat', 'fadvise64')
+          'lookup_dcookie', 'fanotify_init', 'mincore', 'cachestat', 'fadvise64', 'io_setup',
+          'io_submit', 'process_madvise')
 # CLONE_NEWTIME | CLONE_NEWNS | CLONE_NEWCGROUP | UTS | IPC | USER | PID | NET
 _CLONE_NEW_MASK = 0x00000080 | 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 \
     | 0x10000000 | 0x20000000 | 0x40000000

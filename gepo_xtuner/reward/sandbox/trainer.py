@@ -519,8 +519,10 @@ def _tree_bytes(path: str) -> int:
 
     try:
         fd = os.open(path, flags)
-    except OSError:
+    except FileNotFoundError:
         return 0
+    except OSError:  # e.g. the code made its own folder unreadable
+        return UNCOUNTABLE
     try:
         stack = [scan(fd)]  # per level: the folders still to visit
         while stack:
@@ -550,6 +552,19 @@ def _tree_bytes(path: str) -> int:
 
 #: how long removing one run's folder may take before what is left is reported and kept
 REMOVE_DEADLINE_S = 30.0
+
+
+def _chmod_folder(name: str, dir_fd: int | None) -> None:
+    """``chmod u+rwx`` of the folder ``name`` itself, never of what a link there points to
+    (where a run's process could outlive it and swap the folder for a link): opened with
+    ``O_PATH | O_NOFOLLOW``, checked to be a folder, changed through ``/proc/self/fd``."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise NotADirectoryError(f'{name} is not a folder')
+        os.chmod(f'/proc/self/fd/{fd}', stat.S_IRWXU)
+    finally:
+        os.close(fd)
 
 
 def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
@@ -584,13 +599,12 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
 
     def opendir(name: str, dir_fd: int | None) -> int:
         """An open folder whose entries can be removed (permissions restored: the code may
-        have chmod-ed it; the trainer owns it, or is root). Its processes are gone by
-        now, so nothing swaps a folder for a link between the checks and the calls."""
+        have chmod-ed it; the trainer owns it, or is root); links are never followed."""
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
         try:
             fd = os.open(name, flags, dir_fd=dir_fd)
         except PermissionError:
-            os.chmod(name, stat.S_IRWXU, dir_fd=dir_fd)
+            _chmod_folder(name, dir_fd)
             fd = os.open(name, flags, dir_fd=dir_fd)
         try:
             os.fchmod(fd, stat.S_IRWXU)  # unlink and rename in it need write permission
@@ -643,7 +657,7 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
                                     os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
                                               dst_dir_fd=top)
                                 except PermissionError:  # moving a folder writes its '..'
-                                    os.chmod(child, stat.S_IRWXU, dir_fd=fd)
+                                    _chmod_folder(child, fd)
                                     os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
                                               dst_dir_fd=top)
                             else:
