@@ -28,13 +28,13 @@ import os, sys
 root = sys.argv[-1]
 os.makedirs(root, exist_ok=True)
 fd = os.open(root, os.O_RDONLY)
-for i in range(3000):  # 3000 levels of 20-letter names: 63,000 bytes, past PATH_MAX
+for i in range(1500):  # 1500 levels of 20-letter names: 31,500 bytes, past PATH_MAX
     os.mkdir('d' * 20, dir_fd=fd)
     inner = os.open('d' * 20, os.O_RDONLY, dir_fd=fd)
     f = os.open('f', os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=inner)
     os.write(f, b'x')
     os.close(f)
-    if i % 500 == 499:
+    if i % 300 == 299:
         os.fchmod(fd, 0)  # unreadable folders on the way down
     os.close(fd)
     fd = inner
@@ -178,7 +178,7 @@ def test_as_nobody_a_deep_tree_and_chmod_000_neither_raise_nor_stay():
 
 def test_disk_use_is_counted_however_deep_the_path(hostile):
     """The disk check walks the tree with one folder open at a time: an 8 MiB file at the
-    bottom of 3000 levels (past PATH_MAX, where ``os.scandir(path)`` fails) is counted."""
+    bottom of 1500 levels (past PATH_MAX, where ``os.scandir(path)`` fails) is counted."""
     import subprocess
     import sys
     root, _ = hostile
