@@ -89,3 +89,26 @@ def run_as_nobody(work: Path, script: str, *args: str,
                            nobody_python(), '-I', '-c', script, str(work), *args],
                           capture_output=True, text=True, timeout=timeout, check=False,
                           cwd=str(work))
+
+
+@contextmanager
+def nobody_folders(*names: str) -> Iterator[tuple[str, ...]]:
+    """Folders of nobody's own (``names`` under one base folder, all owned by nobody), outside
+    the package copy of :func:`sandbox_copy`, whose every file :func:`run_as_nobody` walks;
+    the base is removed afterwards whatever a run left in it (the sandbox's own removal,
+    which takes any tree apart)."""
+    from gepo_xtuner.reward.sandbox.trainer import _remove_tree
+    nobody = pwd.getpwnam('nobody')
+    base = tempfile.mkdtemp(prefix='gepo-nobody-own-')
+    try:
+        os.chmod(base, 0o755)
+        paths = []
+        for name in names:
+            path = os.path.join(base, name)
+            os.mkdir(path)
+            paths.append(path)
+        for path in (base, *paths):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        yield tuple(paths)
+    finally:
+        _remove_tree(base)

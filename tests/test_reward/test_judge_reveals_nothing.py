@@ -159,22 +159,13 @@ def test_the_judge_is_out_of_the_solutions_reach_as_nobody():
     own priority is its to change, and the verdict holds."""
     import json
     import os
-    import pwd
-    import tempfile
 
-    from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+    from .nobody import nobody_folders, nobody_skip_reason, run_as_nobody, sandbox_copy
     if nobody_skip_reason() is not None:
         pytest.skip(str(nobody_skip_reason()))
-    nobody = pwd.getpwnam('nobody')
-    boxes = tempfile.mkdtemp(prefix='gepo-reach-')
-    os.chmod(boxes, 0o755)
-    os.chown(boxes, nobody.pw_uid, nobody.pw_gid)
-    try:
-        with sandbox_copy() as work:
-            done = run_as_nobody(work, _NOBODY, _REACH, _TESTS, boxes, timeout=120)
-    finally:
+    with nobody_folders('boxes') as (boxes,), sandbox_copy() as work:
+        done = run_as_nobody(work, _NOBODY, _REACH, _TESTS, boxes, timeout=120)
         left = os.listdir(boxes)
-        os.rmdir(boxes) if not left else None
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if not out['runs']:

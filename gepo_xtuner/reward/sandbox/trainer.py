@@ -64,6 +64,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -597,6 +598,17 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
         else:
             failures.append('')
 
+    def gone(what: str, call: Callable[[], object]) -> bool:
+        """Runs a removal; True once the entry is gone (removed, or already), else noted."""
+        try:
+            call()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            note(what, exc)
+            return False
+        return True
+
     def opendir(name: str, dir_fd: int | None) -> int:
         """An open folder whose entries can be removed (permissions restored: the code may
         have chmod-ed it; the trainer owns it, or is root); links are never followed."""
@@ -611,6 +623,13 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
         except OSError:
             pass
         return fd
+
+    def move_up(child: str, fd: int, number: int) -> None:
+        try:
+            os.rename(child, f'.gepo-rm-{number}', src_dir_fd=fd, dst_dir_fd=top)
+        except PermissionError:  # moving a folder writes its '..'
+            _chmod_folder(child, fd)
+            os.rename(child, f'.gepo-rm-{number}', src_dir_fd=fd, dst_dir_fd=top)
 
     try:
         top = opendir(path, None)
@@ -631,13 +650,7 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
                 if time.monotonic() >= deadline:
                     break
                 if not is_dir:
-                    try:
-                        os.unlink(name, dir_fd=top)
-                        progress = True
-                    except FileNotFoundError:
-                        progress = True
-                    except OSError as exc:
-                        note(name, exc)
+                    progress |= gone(name, lambda n=name: os.unlink(n, dir_fd=top))
                     continue
                 try:
                     fd = opendir(name, top)
@@ -650,31 +663,14 @@ def _remove_tree(path: str, deadline_s: float = REMOVE_DEADLINE_S) -> int:
                     with os.scandir(fd) as it:
                         inner = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
                     for child, child_is_dir in inner:
-                        try:
-                            if child_is_dir:  # one level up: the tree gets wide, not deep
-                                moved += 1
-                                try:
-                                    os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
-                                              dst_dir_fd=top)
-                                except PermissionError:  # moving a folder writes its '..'
-                                    _chmod_folder(child, fd)
-                                    os.rename(child, f'.gepo-rm-{moved}', src_dir_fd=fd,
-                                              dst_dir_fd=top)
-                            else:
-                                os.unlink(child, dir_fd=fd)
-                        except FileNotFoundError:
-                            pass
-                        except OSError as exc:
-                            note(f'{name}/{child}', exc)
+                        if child_is_dir:  # one level up: the tree gets wide, not deep
+                            moved += 1
+                            gone(f'{name}/{child}', lambda c=child, m=moved: move_up(c, fd, m))
+                        else:
+                            gone(f'{name}/{child}', lambda c=child: os.unlink(c, dir_fd=fd))
                 finally:
                     os.close(fd)
-                try:
-                    os.rmdir(name, dir_fd=top)
-                    progress = True
-                except FileNotFoundError:
-                    progress = True
-                except OSError as exc:
-                    note(name, exc)
+                progress |= gone(name, lambda n=name: os.rmdir(n, dir_fd=top))
             if not progress:
                 break
     finally:
