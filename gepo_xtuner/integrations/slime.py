@@ -48,6 +48,7 @@ import torch
 
 from ..advantage import (AdvantageInputs, AdvantageOutput, DrGRPOAdvantage, EntropyThresholdState,
                          GEPOAdvantage, GRPOAdvantage)
+from ..atomic_io import atomic_write_bytes
 
 __all__ = ['GEPOPostProcess', 'post_process_rewards', 'BAND_FILE']
 
@@ -175,13 +176,13 @@ class GEPOPostProcess:
         if not save:
             return
         path = Path(save) / BAND_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(dict(num_updates=self.state.num_updates,
-                               state=self.state.state_dict()))
-        with open(path, 'a', encoding='utf-8') as f:  # one line per rollout, flushed whole
-            f.write(line + '\n')
-            f.flush()
-            os.fsync(f.fileno())
+                               state=self.state.state_dict())) + '\n'
+        # One line per rollout, appended by rewriting the file atomically: an in-place
+        # append cut short (a kill, a full disk) would leave a partial last line, which
+        # _restore reads first and cannot parse. The file stays small (~150 bytes a rollout).
+        old = path.read_bytes() if path.is_file() else b''
+        atomic_write_bytes(path, old + line.encode('utf-8'))
 
 
 _PROCESSOR: GEPOPostProcess | None = None

@@ -46,6 +46,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from ..advantage import AdvantageInputs, AdvantageOutput, EntropyThresholdState, GEPOAdvantage
+from ..atomic_io import atomic_write_json
 from ..ops.distributed import replicated_batch
 
 __all__ = ['GEPOTrainerMixin', 'GEPOGRPOTrainer', 'STATE_FILE', 'shape_gathered']
@@ -195,10 +196,7 @@ class GEPOTrainerMixin:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
             folder = os.path.join(self._get_output_dir(trial=trial),
                                   f'{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}')
-            tmp = os.path.join(folder, f'.{STATE_FILE}.tmp')
-            with open(tmp, 'w', encoding='utf-8') as f:
-                json.dump(self.gepo_state.state_dict(), f)
-            os.replace(tmp, os.path.join(folder, STATE_FILE))
+            atomic_write_json(os.path.join(folder, STATE_FILE), self.gepo_state.state_dict())
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

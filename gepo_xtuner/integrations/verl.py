@@ -65,6 +65,7 @@ import torch
 from torch import Tensor
 
 from ..advantage import AdvantageInputs, AdvantageOutput, EntropyThresholdState, GEPOAdvantage
+from ..atomic_io import atomic_write_json
 from ..ops.distributed import replicated_batch
 
 __all__ = ['ESTIMATOR', 'STATE_FILE', 'GEPOVerl', 'install', 'runtime']
@@ -201,14 +202,8 @@ class GEPOVerl:
     # -- the band in verl's checkpoints ------------------------------------------------
     def save(self, folder: str) -> str:
         """Write the band into ``folder`` atomically; returns the file's path."""
-        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, STATE_FILE)
-        tmp = os.path.join(folder, f'.{STATE_FILE}.tmp')
-        with open(tmp, 'w', encoding='utf-8') as f:
-            json.dump(dict(settings=self.settings, state=self.state.state_dict()), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_json(path, dict(settings=self.settings, state=self.state.state_dict()))
         return path
 
     def load(self, folder: str) -> None:

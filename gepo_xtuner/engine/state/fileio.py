@@ -1,18 +1,17 @@
 """Checkpoint files: atomic writes (temp file, fsync, rename), leftovers, unreadable files."""
 
-import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 
 from mmengine.fileio import LocalBackend, register_backend
 
+from ...atomic_io import TEMP_NAME, TEMP_SUFFIX, atomic_write_bytes
 
-#: Suffix of :class:`AtomicLocalBackend`'s temporary files, named ``.<target>.<random>.tmp``.
-TEMP_SUFFIX = '.tmp'
-# ``tempfile.mkstemp`` puts 8 characters of [a-z0-9_] between prefix and suffix.
-_TEMP_NAME = re.compile(r'\.(?P<target>.+)\.[a-z0-9_]{8}' + re.escape(TEMP_SUFFIX))
+__all__ = ['TEMP_SUFFIX', 'CheckpointError', 'AtomicLocalBackend', 'stale_temporaries',
+           'remove_stale_temporaries', 'checkpoint_problem', 'previous_good_checkpoint',
+           'unreadable_checkpoint_message']
+
 _NUMBERED = re.compile(r'(?P<kind>iter|epoch)_(?P<n>\d+)\.pth')
 
 
@@ -24,37 +23,23 @@ class CheckpointError(RuntimeError):
 class AtomicLocalBackend(LocalBackend):
     """Local files, but a write never leaves a half-written file behind.
 
-    ``put``/``put_text`` write to a temporary file in the destination directory,
-    ``fsync`` it and ``os.replace`` it over the target, so a process killed while
+    ``put``/``put_text`` write through :func:`~gepo_xtuner.atomic_io.atomic_write_bytes`
+    (a temporary file in the destination directory, ``fsync``, ``os.replace`` over the
+    target, ``fsync`` of the directory), so a process killed while
     saving a checkpoint leaves the previous checkpoint (and any file of the same
     name) intact. Select it with ``backend_args=dict(backend='atomic_local')``,
     e.g. on mmengine's ``CheckpointHook``.
     """
 
     def put(self, obj: bytes, filepath: str | Path) -> None:
-        self._atomic_write(filepath, obj)
+        atomic_write_bytes(filepath, obj)
 
     def put_text(self, obj: str, filepath: str | Path, encoding: str = 'utf-8') -> None:
-        self._atomic_write(filepath, obj.encode(encoding))
-
-    @staticmethod
-    def _atomic_write(filepath: str | Path, data: bytes) -> None:
-        path = Path(filepath)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix=TEMP_SUFFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, 'wb') as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(filepath, obj.encode(encoding))
 
 
 def stale_temporaries(directory: str | Path) -> list[Path]:
-    """Temporary files an interrupted :class:`AtomicLocalBackend` write left in ``directory``.
+    """Temporary files an interrupted atomic write left in ``directory``.
 
     A process killed during a save (SIGKILL, out of memory, node failure) never renames
     its ``.<name>.<random>.tmp`` file: it is a partial copy of ``<name>`` that nothing
@@ -64,7 +49,7 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
     if not directory.is_dir():
         return []
     return sorted(p for p in directory.iterdir()
-                  if _TEMP_NAME.fullmatch(p.name) and p.is_file())
+                  if TEMP_NAME.fullmatch(p.name) and p.is_file())
 
 
 def remove_stale_temporaries(directory: str | Path) -> list[tuple[Path, int]]:

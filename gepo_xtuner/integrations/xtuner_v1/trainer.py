@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from xtuner.v1.train.rl_trainer import (
     is_valid_for_training,
 )
 
+from ...atomic_io import atomic_write_json
 from .estimator import StepAdvantageEstimator
 
 __all__ = ['StepAdvantageTrainerMixin', 'GEPORLColocateTrainer', 'GEPORLDisaggregatedTrainer',
@@ -60,11 +60,7 @@ def save_estimator_state(estimator: Any, checkpoint_dir: Path) -> Path | None:
     state = estimator.state_dict()
     if state is None:
         return None
-    path = Path(checkpoint_dir) / estimator.state_filename
-    tmp = path.with_name(path.name + '.tmp')
-    tmp.write_text(json.dumps(state, indent=2), encoding='utf-8')
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(Path(checkpoint_dir) / estimator.state_filename, state, indent=2)
 
 
 def load_estimator_state(estimator: Any, checkpoint_dir: Path, logger: Any) -> bool:
