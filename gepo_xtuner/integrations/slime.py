@@ -49,6 +49,7 @@ import torch
 from ..advantage import (AdvantageInputs, AdvantageOutput, DrGRPOAdvantage, EntropyThresholdState,
                          GEPOAdvantage, GRPOAdvantage)
 from ..atomic_io import atomic_write_bytes
+from ..ops.ragged import pad_ragged
 
 __all__ = ['GEPOPostProcess', 'post_process_rewards', 'BAND_FILE']
 
@@ -130,13 +131,7 @@ class GEPOPostProcess:
             keys = [i // n for i in range(len(samples))]
         group_ids = torch.tensor([{k: i for i, k in enumerate(dict.fromkeys(keys))}[k]
                                   for k in keys])
-        token_lps = [_trained_logprobs(s) for s in samples]
-        width = max(1, max(len(t) for t in token_lps))
-        logprobs = torch.zeros(len(samples), width, dtype=torch.float32)
-        mask = torch.zeros(len(samples), width, dtype=torch.bool)
-        for row, lps in enumerate(token_lps):
-            logprobs[row, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
-            mask[row, :len(lps)] = True
+        logprobs, mask = pad_ragged([_trained_logprobs(s) for s in samples])
         rewards = torch.tensor([_reward(args, s) for s in samples], dtype=torch.float64)
         std = estimator in ('grpo', 'gspo', 'cispo') and getattr(args, 'grpo_std_normalization',
                                                                 True)

@@ -35,6 +35,7 @@ from xtuner.v1.rl.advantage.config import advantage_group
 
 from ...advantage import EntropyThresholdState, GEPOAdvantage, AdvantageInputs, encode_domains
 from ...ops.distributed import dist_world_size
+from ...ops.ragged import pad_ragged
 
 __all__ = ['StepAdvantageEstimator', 'GEPOEstimator', 'GEPOAdvantageConfig',
            'trainable_logprobs', 'session_key']
@@ -203,13 +204,7 @@ class GEPOEstimator(StepAdvantageEstimator):
                     token_lps[row] = token_lps[row] + lps
         if not rewards:
             return {}
-        max_len = max(1, max(len(lps) for lps in token_lps))
-        logprobs = torch.zeros(len(rewards), max_len, dtype=torch.float32)
-        mask = torch.zeros(len(rewards), max_len, dtype=torch.bool)
-        for row, lps in enumerate(token_lps):
-            if lps:
-                logprobs[row, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
-                mask[row, :len(lps)] = True
+        logprobs, mask = pad_ragged(token_lps)
         domain_ids, domain_names = encode_domains(domains)
         out = self.processor(
             AdvantageInputs(rewards=torch.tensor(rewards, dtype=torch.float64),
