@@ -2,6 +2,8 @@
 
 * The CPU testbed (``gepo_xtuner/testbed/``) is a leaf: no other module of the package
   imports it, so nothing training loads depends on a fixture.
+* ``gepo_xtuner/engine/state/`` is the lower layer of ``engine/``: ``engine/runtime/`` may
+  import it, it never imports ``engine/runtime/``.
 * GEPO's defaults (the paper's alpha / beta / gamma) are written once, as the defaults of
   :class:`~gepo_xtuner.advantage.GEPOAdvantage`; everything else (the XTuner v1 adapter,
   configs) reads them from there.
@@ -62,6 +64,27 @@ def test_the_import_check_resolves_relative_imports():
         PACKAGE / 'testbed' / 'tiny.py')
     assert 'gepo_xtuner.data.prompts' in imported_modules(PACKAGE / 'testbed' / 'smoke.py')
     assert 'gepo_xtuner.advantage' in imported_modules(PACKAGE / 'engine' / 'loop.py')
+
+
+def test_engine_state_never_imports_engine_runtime():
+    """State is the lower layer: the run state and its checkpoint files need no runner glue,
+    so the two packages cannot import each other in a cycle."""
+    offenders = []
+    for path in sorted((PACKAGE / 'engine' / 'state').rglob('*.py')):
+        for name in imported_modules(path):
+            if name == 'gepo_xtuner.engine.runtime' or \
+                    name.startswith('gepo_xtuner.engine.runtime.'):
+                offenders.append(f'{path.relative_to(ROOT)} imports {name}')
+    assert not offenders, offenders
+
+
+def test_the_layer_check_resolves_imports_between_the_two():
+    """The check above can fail: relative imports between engine/state and engine/runtime
+    resolve to the modules they name (here, the allowed direction)."""
+    assert 'gepo_xtuner.engine.runtime.mmengine_private' in imported_modules(
+        PACKAGE / 'engine' / 'runtime' / 'health_hook.py')
+    assert 'gepo_xtuner.engine.state.resume' in imported_modules(
+        PACKAGE / 'engine' / 'runtime' / 'mmengine_private.py')
 
 
 def gepo_literals(path: Path) -> list[tuple[str, int]]:

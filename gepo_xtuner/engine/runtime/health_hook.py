@@ -13,7 +13,8 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
 from ...analysis.health import CHECKS, Finding, build_checks, next_active
-from .mmengine_private import resumed_entry, save_checkpoint_now
+from ..state.resume import resumed_entry
+from .mmengine_private import save_checkpoint_now
 
 #: The checkpoint key of the hook's state.
 KEY = 'gepo_xtuner/run_health'

@@ -5,43 +5,22 @@ mmengine offers no public way to ask whether a run was started with ``--resume``
 ``after_load_checkpoint`` runs for ``load_from`` too), to save a checkpoint off the
 ``CheckpointHook``'s schedule under its file names, backend and ``max_keep_ckpts``
 bookkeeping, or to ask whether the hook will save at the end of the current iteration.
-Every such use goes through a function here; ``tests/test_engine/test_mmengine_private.py``
-runs them against the installed mmengine (a real ``Runner``), so a release that renames
-or changes one fails there, naming it, and not in the middle of a training run.
+Every such use goes through a function here: ``resuming`` and ``resumed_entry``, which the
+state hooks need, are defined in :mod:`gepo_xtuner.engine.state.resume` (``engine/state``
+never imports ``engine/runtime``) and re-exported here.
+``tests/test_engine/test_mmengine_private.py`` runs them against the installed mmengine (a
+real ``Runner``), so a release that renames or changes one fails there, naming it, and not
+in the middle of a training run.
 """
 
-import logging
 from typing import Any
 
 from mmengine.hooks import CheckpointHook
-from mmengine.logging import print_log
+
+from ..state.resume import resumed_entry, resuming
 
 __all__ = ['checkpoint_due', 'checkpoint_hook', 'resumed_entry', 'resuming',
            'save_checkpoint_now']
-
-
-def resuming(runner: Any) -> bool:
-    """Whether the runner resumes a run (``--resume`` / ``resume=True``), as opposed to
-    only loading weights (``load_from``). Reads ``Runner._resume``."""
-    return bool(runner._resume)
-
-
-def resumed_entry(runner: Any, checkpoint: dict, key: str, if_missing: str) -> Any | None:
-    """A hook's entry ``key`` of a loaded ``checkpoint`` when the run resumes from it,
-    for the hook's ``after_load_checkpoint``.
-
-    Returns:
-        The entry; None when the run only loads weights (``load_from``), or when the
-        checkpoint has no such entry (then ``if_missing``, what starts afresh, is logged
-        as a warning).
-    """
-    if not resuming(runner):
-        return None
-    entry = checkpoint.get(key)
-    if entry is None:
-        print_log(f'checkpoint has no {key!r} entry: {if_missing}', logger='current',
-                  level=logging.WARNING)
-    return entry
 
 
 def checkpoint_hook(runner: Any) -> CheckpointHook | None:

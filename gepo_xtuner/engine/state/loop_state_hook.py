@@ -3,7 +3,7 @@
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from ..runtime.mmengine_private import resumed_entry
+from .resume import resumed_entry
 
 #: The checkpoint key of :meth:`RLTrainLoop.state_dict`.
 KEY = 'gepo_xtuner/rl_loop'
