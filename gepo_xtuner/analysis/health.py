@@ -1,10 +1,14 @@
-"""Run-health checks: pure functions of the per-step metrics the RL loop logs.
+"""Run-health checks of the per-step metrics the RL loop logs.
 
 Each check reads one step's metric row (``{'step': 12.0, 'reward/mean/add': 0.4, ...}``,
 the row the loop appends to its history) and returns the :class:`Finding` s whose
-condition holds at that step. A check keeps only the little state its condition needs
-(running windows, start levels, counters) and has ``state_dict()`` /
-``load_state_dict()``, so a resumed run decides exactly as an uninterrupted one.
+condition holds at that step. The checks are not pure functions of one row: each is a
+small deterministic state machine that keeps the little state its condition needs
+(running windows, start levels, counters) in its own attributes, so its findings at a
+step are a function of the rows it has observed, and it has ``state_dict()`` /
+``load_state_dict()``, so a resumed run decides exactly as an uninterrupted one. The
+module itself does no I/O, no logging and keeps no global mutable state
+(``tests/test_analysis/test_health_module.py``):
 :class:`~gepo_xtuner.engine.runtime.health_hook.RunHealthHook` is the glue that feeds the rows,
 prints new alarms, logs ``health/<alarm>`` and stops a run on request.
 
