@@ -41,7 +41,7 @@ from lmdeploy.serve.core import AsyncEngine, VLAsyncEngine
 from lmdeploy.serve.openai import api_server
 from transformers import AutoModelForCausalLM
 
-from gepo_xtuner.rollout.lmdeploy.server import free_port
+from gepo_xtuner.rollout.server.process import free_port
 
 
 class CPUEngine:

@@ -108,7 +108,7 @@ def _push_names(model_dir: Path) -> dict:
     from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
 
-    from gepo_xtuner.rollout.lmdeploy.weights import named_weights
+    from gepo_xtuner.rollout.server.weights import named_weights
     model = AutoModelForImageTextToText.from_pretrained(model_dir)
     pushed = [name for name, _ in named_weights(model)]
     on_disk = sorted(load_file(str(model_dir / 'model.safetensors')))

@@ -18,7 +18,7 @@ from gepo_xtuner.rollout import (
     RolloutRequest,
     SamplingParams,
 )
-from gepo_xtuner.rollout.lmdeploy.server import free_port
+from gepo_xtuner.rollout.server.process import free_port
 
 from .protocol_double import LMDeployProtocolDouble
 

@@ -15,7 +15,7 @@ import torch
 
 from gepo_xtuner.registry import ROLLOUT_BACKENDS
 from gepo_xtuner.rollout import RolloutRequest, SamplingParams, VLLMServerError
-from gepo_xtuner.rollout.lmdeploy.weights import save_weights
+from gepo_xtuner.rollout.server.weights import save_weights
 from gepo_xtuner.rollout.vllm.protocol import build_completion_payload
 from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
 from gepo_xtuner.testbed.tiny import EOS_ID

@@ -3,17 +3,24 @@
 import glob
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from mmengine.logging import print_log
 from torch import nn
 
+from ...ops.distributed import dist_world_size
 from ...registry import ROLLOUT_BACKENDS
-from ..base import RolloutBackend, RolloutRequest, RolloutSample, SamplingParams
+from ..base import RolloutRequest, RolloutSample, SamplingParams
+from ..server.backend import (
+    PROBE_TIMEOUT_S,
+    ServerBackendError,
+    ServerRolloutBackend,
+    barrier,
+)
 from ..server.http import HTTPPool, ServerRequestError
+from ..server.pool import Server, is_asleep, is_ready
 from .protocol import (
     LMDeployProtocolError,
     build_generate_payload,
@@ -23,57 +30,19 @@ from .protocol import (
     hint_for,
     parse_generate_response,
 )
-from .server import LAUNCH_KEYS, LMDeployServerProcess, runs_remote_code
-from .weights import NCCLWeightSync, check_weight_sync, push_ipc, save_weights
-from ..server.pool import ASLEEP, NoServerError, Server, ServerPool, is_asleep, is_ready
+from .server import LAUNCH_KEYS, LMDeployServerProcess
+from .weights import NCCLWeightSync, check_weight_sync, push_ipc
 
 START_HINT = ('lmdeploy serve api_server MODEL --server-port 23333 --backend pytorch '
               '--logprobs-mode raw_logprobs')
 
 
-class LMDeployServerError(RuntimeError):
+class LMDeployServerError(ServerBackendError):
     """The server could not do what was asked (the message says what to check)."""
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    if _world_size() > 1:
-        dist.barrier()
-
-
-def _on_rank0(fn: Callable[[], Any]) -> Any:
-    """``fn()`` on global rank 0 only, its result on every rank; every rank calls this.
-
-    Where only rank 0 talks to the servers, an error there must reach the other ranks:
-    they would otherwise wait forever in the next collective. So an exception on rank 0
-    is raised there as it is, and on every other rank as an :class:`LMDeployServerError`
-    with the same message.
-    """
-    outcome, error = None, None
-    if _rank() == 0:
-        try:
-            outcome = ('ok', fn())
-        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
-            error = e
-            outcome = ('error', str(e) if isinstance(e, LMDeployServerError)
-                       else f'{type(e).__name__}: {e}')
-    outcome = _broadcast(outcome)
-    if error is not None:
-        raise error
-    if outcome[0] == 'error':
-        raise LMDeployServerError(outcome[1])
-    return outcome[1]
-
-
 @ROLLOUT_BACKENDS.register_module()
-class LMDeployRolloutBackend(RolloutBackend):
+class LMDeployRolloutBackend(ServerRolloutBackend):
     """K responses per prompt from one or several LMDeploy servers, with token ids and
     raw logprobs.
 
@@ -145,38 +114,30 @@ class LMDeployRolloutBackend(RolloutBackend):
         ValueError: a bad combination of arguments (the message says which).
     """
 
+    ENGINE = 'LMDeploy'
+    PROCESS = LMDeployServerProcess
+    LAUNCH_KEYS = LAUNCH_KEYS
+    ERROR = LMDeployServerError
+    SOURCES = {'server_url': "running servers, e.g. 'http://127.0.0.1:23333'",
+               'address_files': 'files written by tools/slurm_lmdeploy_server.sh',
+               'launch': 'dict(model_path=...) to start one'}
+    #: a launched server answered ``/health`` at its start, and sleeps only when told to
+    CHECK_LAUNCHED = False
+
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, max_concurrency: int = 64,
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 1.0,
                  weight_sync: dict | None = None, sleep_wake: bool = True,
                  api_key: str | None = None, address_files: str | Sequence[str] | None = None,
                  retry_after_s: float = 30.0, server_max_batch_size: int = 128) -> None:
-        urls = _split_urls(server_url)
         patterns = [address_files] if isinstance(address_files, str) else \
             list(address_files or [])
-        given = [name for name, v in (('server_url', urls), ('address_files', patterns),
-                                      ('launch', launch)) if v]
-        if len(given) != 1:
-            raise ValueError('LMDeployRolloutBackend needs exactly one of server_url (running '
-                             "servers, e.g. 'http://127.0.0.1:23333'), address_files (files "
-                             'written by tools/slurm_lmdeploy_server.sh) or launch (dict('
-                             f'model_path=...) to start one); got {given or "none"}')
-        for url in urls:
-            if not url.startswith(('http://', 'https://')):
-                raise ValueError(f'server_url must start with http:// or https://, got {url!r}')
-        if launch is not None:
-            if not isinstance(launch, dict):
-                raise ValueError(f'launch must be a dict, got {type(launch).__name__}')
-            unknown = set(launch) - LAUNCH_KEYS
-            if unknown:
-                raise ValueError(f'launch does not take {sorted(unknown)}; it takes '
-                                 f'{sorted(LAUNCH_KEYS)}')
-        if max_concurrency < 1 or timeout_s <= 0 or max_retries < 0 or backoff_s < 0 \
-                or retry_after_s < 0 or server_max_batch_size < 1:
-            raise ValueError('need max_concurrency >= 1, timeout_s > 0, max_retries >= 0, '
-                             'backoff_s >= 0, retry_after_s >= 0 and server_max_batch_size >= 1; '
-                             f'got {max_concurrency}, {timeout_s}, {max_retries}, {backoff_s}, '
-                             f'{retry_after_s}, {server_max_batch_size}')
+        super().__init__(server_url, launch, max_concurrency=max_concurrency,
+                         timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                         retry_after_s=retry_after_s, api_key=api_key,
+                         sources={'address_files': patterns},
+                         numbers={'server_max_batch_size': (server_max_batch_size, 1, False)})
+        urls = self.server_urls
         self.weight_sync = check_weight_sync(weight_sync)
         mode = (self.weight_sync or {}).get('mode')
         if mode == 'disk' and launch is None:
@@ -191,22 +152,11 @@ class LMDeployRolloutBackend(RolloutBackend):
             raise ValueError("weight_sync mode 'ipc' shares trainer rank 0's GPU memory, so the "
                              f"server must run with tp=1 (got launch.tp={launch['tp']}); use "
                              "mode 'nccl' for a multi-GPU server")
-        self.server_urls = urls
         self.server_url = urls[0] if len(urls) == 1 else None
         self.address_files = patterns
-        self.server = None if launch is None else LMDeployServerProcess(**launch)
-        self.max_concurrency = int(max_concurrency)
-        self.timeout_s = float(timeout_s)
-        self.max_retries = int(max_retries)
-        self.backoff_s = float(backoff_s)
-        self.retry_after_s = float(retry_after_s)
         self.server_max_batch_size = int(server_max_batch_size)
         self.queue_waves = 1  # see request_timeout_s
         self.sleep_wake = bool(sleep_wake) and mode == 'ipc'
-        self.api_key = api_key
-        self.tokenizer: Any = None
-        self.num_updates = 0
-        self._pool: ServerPool | None = None
         self._server_tp: dict[str, int] = {}  # from address files
         self._nccl: dict[int, NCCLWeightSync] = {}  # server index -> its weight-sync group
         self._renewals: dict[int, int] = {}  # server index -> groups dropped so far
@@ -230,10 +180,8 @@ class LMDeployRolloutBackend(RolloutBackend):
         queue wave (see ``timeout_s``; the waves are known once the servers are reached)."""
         return self.timeout_s * self.queue_waves
 
-    @property
-    def _http(self) -> HTTPPool:
-        """The connection pool of the first server (the single-server modes' server)."""
-        return self._pool.servers[0].http
+    def start_hint(self) -> str:
+        return START_HINT
 
     # ----------------------------------------------------------------- lifecycle
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
@@ -243,63 +191,35 @@ class LMDeployRolloutBackend(RolloutBackend):
         LMDeploy stops at by itself; see :func:`~gepo_xtuner.rollout.lmdeploy.protocol.
         build_generate_payload` for why that matters to the chat template's stop words.
         """
-        self.tokenizer = tokenizer
-        if self.server is not None and self.server.trust_remote_code is None:
-            self.server.trust_remote_code = runs_remote_code(model)  # the trainer's checkpoint
         self._server_stops = frozenset(
             _ids(getattr(tokenizer, 'eos_token_id', None))
             + _ids(getattr(getattr(model, 'generation_config', None), 'eos_token_id', None)))
-        self._ensure_server()
+        super().attach(model, tokenizer)
 
     def _ensure_server(self) -> None:
         """Launches (rank 0) or checks the servers once; every rank calls it at the same point."""
-        if self._pool is not None:
-            return
-        if self.server is not None:
-            if self.server.port == 0 and _world_size() > 1:
-                raise ValueError('launch.port=0 (any free port) works in one process only; set '
-                                 'a fixed launch.port for multi-process training')
-            _on_rank0(self.server.start)
-        urls = [self.server.url] if self.server is not None else self.server_urls
-        if self.address_files:
-            urls = _on_rank0(self._read_address_files)
-            if not urls:
-                raise LMDeployServerError(
-                    f'no LMDeploy server address in {self.address_files}: start servers with '
-                    'tools/slurm_lmdeploy_server.sh (LMDEPLOY_ADDR_FILE=one file per job, '
-                    'matching the pattern) and wait until they wrote their files')
-        headers = None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
-        mode = (self.weight_sync or {}).get('mode')
-        # Every rank may have max_concurrency requests at a server, which runs
-        # server_max_batch_size of them at once and queues the others.
-        self.queue_waves = math.ceil(_world_size() * self.max_concurrency
-                                     / self.server_max_batch_size)
-        pool = ServerPool(urls, self.max_concurrency, self.request_timeout_s, self.max_retries,
-                          self.backoff_s, headers, self.retry_after_s,
-                          track_weights=mode not in (None, 'none'))
-        for s in pool.servers:  # all start on the weights the trainer starts from
-            pool.mark_synced(s, pool.version)
-        if self.server is None:
-            for s in pool.servers:
-                ok, why = self._check_server(s)
-                if not ok:
-                    pool.mark_out(s, why)
-            if not pool.ready_servers():
-                pool.close()
-                asleep = any(ASLEEP in s.reason for s in pool.servers)
-                if any('HTTP 401' in s.reason for s in pool.servers):
-                    todo = ('\nThe server wants an API key: set api_key to one of its '
-                            '--api-keys')
-                elif asleep:
-                    todo = ('\nA sleeping server is woken by POST URL/wakeup; this backend '
-                            "wakes the server it puts to sleep itself (weight_sync mode 'ipc' "
-                            'with sleep_wake)')
-                else:
-                    todo = (f'\nStart one, e.g. `{START_HINT}`, or fix server_url / '
-                            'address_files')
-                raise LMDeployServerError(pool.describe_out(
-                    f'no {"awake" if asleep else "healthy"} LMDeploy server at {self.url}') + todo)
-        self._pool = pool
+        if self._pool is None:
+            # Every rank may have max_concurrency requests at a server, which runs
+            # server_max_batch_size of them at once and queues the others.
+            self.queue_waves = math.ceil(dist_world_size() * self.max_concurrency
+                                         / self.server_max_batch_size)
+        super()._ensure_server()
+
+    def _server_urls(self) -> list[str]:
+        """The address files' servers (read on rank 0), else as configured."""
+        if not self.address_files:
+            return super()._server_urls()
+        urls = self._on_rank0(self._read_address_files)
+        if not urls:
+            raise LMDeployServerError(
+                f'no LMDeploy server address in {self.address_files}: start servers with '
+                'tools/slurm_lmdeploy_server.sh (LMDEPLOY_ADDR_FILE=one file per job, '
+                'matching the pattern) and wait until they wrote their files')
+        return urls
+
+    def _asleep_hint(self) -> str:
+        return ('A sleeping server is woken by POST URL/wakeup; this backend wakes the server it '
+                "puts to sleep itself (weight_sync mode 'ipc' with sleep_wake)")
 
     def _check_server(self, server: Server) -> tuple[bool, str]:
         """Whether a running server can take this backend's requests; and why not.
@@ -309,7 +229,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         and the next :meth:`update_weights` or :meth:`generate` wakes it. Mode
         ``'ipc'`` also needs a server with one tensor-parallel rank.
         """
-        timeout = min(self.timeout_s, 30.0)
+        timeout = min(self.timeout_s, PROBE_TIMEOUT_S)
         if not self.sleep_wake:
             ok, why = is_ready(server.http, timeout)
         else:
@@ -349,11 +269,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         for sync in self._nccl.values():
             sync.close()
         self._nccl.clear()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self.server is not None:
-            self.server.close()
+        super().close()
 
     def logprob_temperature(self, params: SamplingParams) -> float:
         """1 (stated, not inherited): the server runs with ``--logprobs-mode
@@ -372,11 +288,6 @@ class LMDeployRolloutBackend(RolloutBackend):
                     'with sleep_wake=False when the GPU holds both) or max_staleness=0')
         return None
 
-    def pop_metrics(self) -> dict[str, float]:
-        """Per-server figures since the last call (``rollout/server/<i>/...``, see
-        :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`)."""
-        return {} if self._pool is None else self._pool.pop_metrics()
-
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
                  ) -> list[list[RolloutSample]]:
@@ -391,7 +302,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         """
         self._ensure_server()
         if self.sleep_wake:
-            _on_rank0(lambda: self._wake() if self._asleep else None)
+            self._on_rank0(lambda: self._wake() if self._asleep else None)
         if not self._warned_stops and set(params.stop_token_ids) - self._server_stops:
             self._warned_stops = True
             print_log(f'LMDeploy: stop_token_ids {sorted(params.stop_token_ids)} go beyond the '
@@ -401,24 +312,18 @@ class LMDeployRolloutBackend(RolloutBackend):
                       level=logging.WARNING)
         payloads = [build_generate_payload(r, params, self._server_stops)
                     for r in requests for _ in range(params.n)]
-        try:
-            flat = self._pool.map(_generate_one, payloads,
-                                  size=lambda s: len(s.response_ids))
-        except ServerRequestError as e:
-            raise LMDeployServerError(self._explain(e)) from e
-        except NoServerError as e:
-            raise LMDeployServerError(f'{e}\nCheck that the servers run and that this machine '
-                                      'reaches them (curl URL/health).') from e
-        except LMDeployProtocolError as e:
-            raise LMDeployServerError(f'LMDeploy server {self.url}, POST /generate: {e}') from e
+        # the module's _generate_one, looked up at each call (tests wrap it)
+        flat = self._map(lambda http, payload: _generate_one(http, payload), payloads,
+                         size=lambda s: len(s.response_ids), path='POST /generate',
+                         protocol_errors=(LMDeployProtocolError, ))
         if self.sleep_wake:
-            _barrier()  # the server drops running requests when it goes to sleep
-            _on_rank0(self._sleep)
+            barrier()  # the server drops running requests when it goes to sleep
+            self._on_rank0(self._sleep)
         return group_samples(flat, params.n)
 
-    def _explain(self, e: ServerRequestError) -> str:
-        """The error, plus what to check: a known fix, or where to look."""
-        parts = [f'LMDeploy server {self.url}: {e}']
+    def _hints(self, e: ServerRequestError) -> list[str]:
+        """A known fix for the server's message, or where its traceback is."""
+        parts = []
         if e.body is not None:
             hint = hint_for(error_message(e.body))
             if hint:
@@ -432,17 +337,10 @@ class LMDeployRolloutBackend(RolloutBackend):
                          f'{where}.')
         if e.status is None and 'no answer within' in str(e) and self.queue_waves > 1:
             parts.append(f'That is timeout_s={self.timeout_s:g} s for one generation times '
-                         f'{self.queue_waves} queue waves ({_world_size()} rank(s) x '
+                         f'{self.queue_waves} queue waves ({dist_world_size()} rank(s) x '
                          f'max_concurrency={self.max_concurrency} requests per server, '
                          f'server_max_batch_size={self.server_max_batch_size}).')
-        if self.server is not None:
-            parts.append(f'Server log {self.server.log_file} ends with:\n{self.server.log_tail()}')
-        elif e.status is None:
-            parts.append(f'Check that the server runs and that this machine reaches it '
-                         f'(curl {e.url or self.url}/health).')
-        if self._pool is not None and len(self._pool.servers) > 1:
-            parts.append(self._pool.describe_out('Servers'))
-        return '\n'.join(parts)
+        return parts
 
     # ------------------------------------------------------------ sleep / wake
     def _sleep(self) -> None:
@@ -461,67 +359,24 @@ class LMDeployRolloutBackend(RolloutBackend):
         if tags is None or 'kv_cache' in tags:
             self._asleep = False
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    # ------------------------------------------------------------- weight sync
+    # update_weights is the base's: every rank waits, rank 0 runs _push_weights, every
+    # rank learns which servers took the weights (with address files, also servers that
+    # appeared since).
+    def _weight_sync_modes(self) -> str:
+        return "mode 'ipc'|'nccl'|'disk', ..."
+
+    def _push_weights(self, model: nn.Module, version: int) -> dict:
+        """Rank 0: mode nccl reaches every server (:meth:`_push_all`); ipc and disk
+        reach the single server."""
+        mode = self.weight_sync['mode']
+        if mode == 'nccl':
+            return self._push_all(model, version)
         try:
-            return self._http.request(method, path, **kwargs)
+            self._push(model, mode)
         except ServerRequestError as e:
             raise LMDeployServerError(self._explain(e)) from e
-
-    # ------------------------------------------------------------- weight sync
-    def update_weights(self, model: nn.Module) -> None:
-        """Makes every server sample from ``model``'s current weights (see ``weight_sync``).
-
-        Only global rank 0 talks to the servers; every rank calls this and waits until
-        rank 0 has pushed to every ready server (with address files, also to servers
-        that appeared since). Servers that were out and answer healthy again get the
-        weights and rejoin; a server the push fails on is taken out, on every rank.
-        ``model`` must hold full (unsharded) parameters on rank 0, under Hugging Face
-        names (DDP, DeepSpeed ZeRO-1/2; not ZeRO-3).
-
-        Raises:
-            LMDeployServerError: no ``weight_sync`` configured, the single server
-                refused, or no server took the weights.
-        """
-        if self.weight_sync is None:
-            raise LMDeployServerError(
-                'LMDeployRolloutBackend.update_weights: no weight_sync configured, so the '
-                "server would keep sampling from its initial weights; set weight_sync=dict(mode="
-                "'ipc'|'nccl'|'disk', ...) for training, or dict(mode='none') for a server "
-                'whose weights never change')
-        mode = self.weight_sync['mode']
-        if mode == 'none':
-            return
-        if any(hasattr(p, 'ds_id') for p in model.parameters()):  # on every rank: none hangs
-            raise LMDeployServerError(
-                'the policy is partitioned by DeepSpeed ZeRO-3: each rank holds a shard of '
-                'every parameter, and pushing shards to LMDeploy servers is not supported; '
-                'train with ZeRO-2 (full parameters on every rank) or DDP, see docs/cluster.md')
-        self._ensure_server()
-        pool = self._pool
-        version = pool.version + 1
-
-        def push() -> dict:
-            if mode == 'nccl':
-                return self._push_all(model, version)
-            try:
-                self._push(model, mode)
-            except ServerRequestError as e:
-                raise LMDeployServerError(self._explain(e)) from e
-            return {'urls': pool.urls, 'synced': {0: version}, 'out': {}}
-        _barrier()  # every rank is done generating: no request of another rank meets the push
-        report = _on_rank0(push)
-        for url in report['urls'][len(pool.servers):]:
-            pool.add(url)
-        pool.version = version
-        for i, s in enumerate(pool.servers):
-            if i in report['synced']:
-                pool.mark_synced(s, report['synced'][i])
-            else:
-                pool.mark_out(s, report['out'].get(i, s.reason or 'missed a weight sync'))
-        self.num_updates += 1
-        if not pool.ready_servers():
-            raise LMDeployServerError(pool.describe_out(
-                f'weight sync {version} reached no LMDeploy server'))
+        return {'urls': self._pool.urls, 'synced': {0: version}, 'out': {}}
 
     def _push_all(self, model: nn.Module, version: int) -> dict:
         """Rank 0, mode nccl: the new weights to every server that is up (one group each).
@@ -542,7 +397,7 @@ class LMDeployRolloutBackend(RolloutBackend):
         for s in pool.servers:
             if not s.ready:  # out, or new: only a server that answers healthy gets weights
                 self._drop_group(s)  # it may have restarted: its side of the group is gone
-                ok, why = is_ready(s.http, min(self.timeout_s, 30.0))
+                ok, why = is_ready(s.http, min(self.timeout_s, PROBE_TIMEOUT_S))
                 if not ok:
                     out[s.index] = why
                     continue
@@ -581,13 +436,6 @@ class LMDeployRolloutBackend(RolloutBackend):
             sync.close()
             self._renewals[server.index] = self._renewals.get(server.index, 0) + 1
 
-    def state_dict(self) -> dict[str, Any]:
-        """The weight-update counter (it numbers the ``'disk'`` mode's weight files)."""
-        return {'num_updates': self.num_updates}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.num_updates = int(state.get('num_updates', self.num_updates))
-
     def _push(self, model: nn.Module, mode: str) -> None:
         if mode == 'ipc':
             if not all(p.is_cuda for p in model.parameters()):
@@ -601,9 +449,10 @@ class LMDeployRolloutBackend(RolloutBackend):
             if self._asleep:
                 self._wake(['kv_cache'])
         elif mode == 'disk':
-            path = save_weights(model, self.tokenizer, self.weight_sync['shared_dir'],
-                                self.num_updates + 1, base_model=self.server.model_path,
-                                keep=int(self.weight_sync.get('keep', 2)))
+            path = self._save_weight_files(model, self.num_updates + 1,
+                                           self.weight_sync['shared_dir'],
+                                           int(self.weight_sync.get('keep', 2)),
+                                           base_model=self.server.model_path)
             self.server.stop()
             self.server.start(str(path))
 
@@ -633,14 +482,6 @@ def _generate_one(http: HTTPPool, payload: dict) -> RolloutSample:
     return parse_generate_response(http.request('POST', '/generate', json=payload))
 
 
-def _split_urls(server_url: str | Sequence[str] | None) -> list[str]:
-    """``'a,b'``, ``['a', 'b']`` or ``'a'`` as a list of URLs without trailing slashes."""
-    if server_url is None:
-        return []
-    items = server_url.split(',') if isinstance(server_url, str) else list(server_url)
-    return [str(u).strip().rstrip('/') for u in items if str(u).strip()]
-
-
 def read_address_file(path: str | Path) -> tuple[str, int]:
     """``(url, tp)`` from a file of ``tools/slurm_lmdeploy_server.sh``.
 
@@ -663,12 +504,3 @@ def read_address_file(path: str | Path) -> tuple[str, int]:
     if url is None:
         raise LMDeployServerError(f'{path} has no GEPO_LMDEPLOY_URL=http://HOST:PORT line')
     return url, tp
-
-
-def _broadcast(obj: Any) -> Any:
-    """Rank 0's ``obj`` on every rank (no-op in one process)."""
-    if _world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -1,56 +1,24 @@
-"""Starting and stopping an ``lmdeploy serve api_server`` process that the trainer owns."""
+"""Starting and stopping an ``lmdeploy serve api_server`` process that the trainer owns.
 
-import atexit
-import os
-import signal
-import socket
-import subprocess
-import tempfile
-import time
+The process handling is :class:`~gepo_xtuner.rollout.server.process.ServerProcess`'s;
+this module fills in LMDeploy's command.
+"""
+
 from pathlib import Path
 from typing import Any
 
-import httpx
+# runs_remote_code is imported from here by code that predates rollout/server/process.py
+from ..server.process import LAUNCH_KEYS as _COMMON_KEYS
+from ..server.process import ServerProcess, runs_remote_code
 
 # run as a script by the server's interpreter (it needs LMDeploy only, not this package)
 SERVE_ENTRY: str = str(Path(__file__).with_name('serve_entry.py'))
 
-LAUNCH_KEYS: frozenset[str] = frozenset(
-    {'model_path', 'host', 'port', 'backend', 'tp', 'python', 'extra_args', 'env', 'log_file',
-     'startup_timeout_s', 'command', 'trust_remote_code'})
+LAUNCH_KEYS: frozenset[str] = _COMMON_KEYS | {'backend', 'tp'}
 
 
-def runs_remote_code(model: Any) -> bool:
-    """Whether ``model`` is an instance of a checkpoint's own code (``from_pretrained`` with
-    ``trust_remote_code=True`` on a model that ships it: transformers imports that code
-    as ``transformers_modules.*``), so a server loading the same checkpoint needs
-    ``--trust-remote-code`` too."""
-    return type(model).__module__.startswith('transformers_modules')
-
-
-def free_port(host: str = '127.0.0.1') -> int:
-    """A TCP port nobody listens on right now (the OS's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a server could listen on ``host:port`` now (connections closing are fine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-class LMDeployServerProcess:
-    """One API server in its own process group, its output in a log file.
-
-    Subclasses for other engines override :meth:`argv` and :attr:`ENGINE` (the name in
-    messages); the process handling is the same.
+class LMDeployServerProcess(ServerProcess):
+    """One ``lmdeploy serve api_server`` in its own process group, its output in a log file.
 
     The default command is::
 
@@ -61,33 +29,22 @@ class LMDeployServerProcess:
     ``python -m lmdeploy`` plus the single-GPU ``POST /update_weights`` that LMDeploy 0.18's
     one-rank executor lacks (that module's docstring says why).
 
-    ``python`` may be another environment's interpreter: LMDeploy pins torch and
-    transformers versions that differ from the trainer's, so it often lives apart.
-    ``command`` replaces the whole argv; its items may contain ``{model_path}``,
-    ``{host}`` and ``{port}``, filled in at each start (a restart on new weights
-    changes ``{model_path}``).
-
     Args:
-        model_path: model directory or hub id the server loads.
-        host: address the server binds and clients connect to (default ``127.0.0.1``).
-        port: TCP port; ``0`` picks a free one (default 23333).
         backend: LMDeploy engine, ``'pytorch'`` (the one with logprobs and weight sync).
         tp: tensor-parallel GPUs of the server.
-        python: interpreter with LMDeploy installed.
-        extra_args: appended to the default command.
-        env: extra environment variables for the server.
-        log_file: where stdout and stderr go (default: a new temporary file).
-        startup_timeout_s: how long :meth:`start` waits for ``GET /health`` to answer 200.
-        command: full argv template replacing the default one.
         trust_remote_code: start the server with ``--trust-remote-code`` (LMDeploy's default
             is off): checkpoints that ship their own code (Intern-S1-mini, ``model_type``
-            ``interns1``) need it for their config, tokenizer and processor. ``None``
-            (default): as the trainer's policy, decided when the backend is attached
-            (:func:`runs_remote_code`); the server loads the same checkpoint.
+            ``interns1``) need it. ``None`` (default): as the trainer's policy.
+        model_path, host, port (default 23333), python, extra_args, env, log_file,
+            startup_timeout_s, command: as
+            :class:`~gepo_xtuner.rollout.server.process.ServerProcess`.
     """
 
-    #: the engine's name in messages
     ENGINE = 'LMDeploy'
+    DEFAULT_PORT = 23333
+    COMMAND = ('{python}', '{serve_entry}', 'serve', 'api_server', '{model_path}',
+               '--server-name', '{host}', '--server-port', '{port}', '--backend', '{backend}',
+               '--tp', '{tp}', '--logprobs-mode', 'raw_logprobs')
 
     def __init__(self, model_path: str | None = None, host: str = '127.0.0.1',
                  port: int = 23333, backend: str = 'pytorch', tp: int = 1,
@@ -95,138 +52,14 @@ class LMDeployServerProcess:
                  env: dict[str, Any] | None = None, log_file: str | None = None,
                  startup_timeout_s: float = 900.0, command: list[str] | None = None,
                  trust_remote_code: bool | None = None) -> None:
-        if model_path is None:
-            raise ValueError("launch needs model_path (the model the server loads), e.g. "
-                             "launch=dict(model_path='Qwen/Qwen2.5-7B-Instruct')")
-        if command is not None and (isinstance(command, str) or not command):
-            raise ValueError(f'launch.command must be a non-empty list of argv strings, got '
-                             f'{command!r}')
-        if isinstance(extra_args, str):
-            raise TypeError(f'launch.extra_args must be a list of strings, got {extra_args!r}')
-        self.model_path = str(model_path)
-        self.host = host
-        self.port = int(port)  # 0: resolved at the first start (no sockets at config time)
+        super().__init__(model_path, host, port, python, extra_args, env, log_file,
+                         startup_timeout_s, command, trust_remote_code)
         self.backend = backend
         self.tp = int(tp)
-        self.python = python
-        self.extra_args = [str(a) for a in extra_args]
-        self.env = {k: str(v) for k, v in (env or {}).items()}
-        self.startup_timeout_s = float(startup_timeout_s)
-        self.command = None if command is None else [str(a) for a in command]
-        self.log_file = None if log_file is None else Path(log_file)
-        self.trust_remote_code = None if trust_remote_code is None else bool(trust_remote_code)
-        self.proc: subprocess.Popen | None = None
-        self._argv: list[str] = []
-        self._atexit_registered = False
 
-    @property
-    def url(self) -> str:
-        return f'http://{self.host}:{self.port}'
+    def fields(self, model_path: str) -> dict[str, Any]:
+        return {**super().fields(model_path), 'serve_entry': SERVE_ENTRY,
+                'backend': self.backend, 'tp': self.tp}
 
-    def argv(self, model_path: str | None = None) -> list[str]:
-        """The command that starts the server on ``model_path`` (default: the configured one)."""
-        model_path = str(model_path or self.model_path)
-        if self.command is not None:
-            fields = {'model_path': model_path, 'host': self.host, 'port': self.port}
-            return [a.format(**fields) for a in self.command]
-        return [self.python, SERVE_ENTRY, 'serve', 'api_server', model_path,
-                '--server-name', self.host, '--server-port', str(self.port),
-                '--backend', self.backend, '--tp', str(self.tp),
-                '--logprobs-mode', 'raw_logprobs',
-                *(['--trust-remote-code'] if self.trust_remote_code else []), *self.extra_args]
 
-    def start(self, model_path: str | None = None) -> None:
-        """Starts the server and returns once ``GET /health`` answers 200.
-
-        Raises:
-            RuntimeError: the process exited during startup (with the log's tail).
-            TimeoutError: not healthy within ``startup_timeout_s`` (the process is stopped).
-        """
-        if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError(f'the {self.ENGINE} server at {self.url} is already running')
-        if self.port == 0:
-            self.port = free_port(self.host)
-        elif not port_is_free(self.host, self.port):
-            # Else a server left over from an earlier run would answer our health checks.
-            raise RuntimeError(f'port {self.port} on {self.host} is already in use (a '
-                               f'{self.ENGINE} server left from an earlier run?); stop that '
-                               'process or set another launch.port')
-        if self.log_file is None:
-            fd, name = tempfile.mkstemp(prefix=f'{self.ENGINE.lower()}_server_', suffix='.log')
-            os.close(fd)
-            self.log_file = Path(name)
-        argv = self._argv = self.argv(model_path)
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, 'ab') as log:
-            log.write(f'\n$ {" ".join(argv)}\n'.encode())
-            log.flush()
-            # A new session: stop() can signal the server and every worker it forks.
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, **self.env})
-        if not self._atexit_registered:
-            atexit.register(self.stop)
-            self._atexit_registered = True
-        self._wait_healthy()
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                code = self.proc.poll()
-                if code is not None:
-                    self.stop()  # workers it forked may still run
-                    raise RuntimeError(
-                        f'the {self.ENGINE} server ({" ".join(self._argv)}) exited with code '
-                        f'{code} during startup; log {self.log_file}:\n{self.log_tail()}')
-                try:
-                    if client.get(f'{self.url}/health').status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(
-                        f'the {self.ENGINE} server at {self.url} was not healthy after '
-                        f'{self.startup_timeout_s:.0f} s (launch.startup_timeout_s); log '
-                        f'{self.log_file}:\n{self.log_tail()}')
-                time.sleep(0.2)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM to the server's process group, SIGKILL after ``grace_s`` (idempotent)."""
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        else:
-            proc.wait()
-        # Workers the server forked into its group may outlive it; end them too.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def close(self) -> None:
-        """Stops the server and forgets the exit hook."""
-        self.stop()
-        if self._atexit_registered:
-            atexit.unregister(self.stop)
-            self._atexit_registered = False
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the server log."""
-        try:
-            text = self.log_file.read_text(errors='replace')
-        except (OSError, AttributeError):
-            return '(no log)'
-        return '\n'.join(text.splitlines()[-lines:])
+__all__ = ['LAUNCH_KEYS', 'SERVE_ENTRY', 'LMDeployServerProcess', 'runs_remote_code']

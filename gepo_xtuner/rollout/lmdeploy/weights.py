@@ -16,26 +16,27 @@ XTuner v1's trainer drives the same endpoints:
   ``POST /update_weights_from_distributed`` with ``names``/``dtypes``/``shapes`` while
   rank 0 broadcasts the tensors in that order.
 * ``disk``: LMDeploy has no endpoint that loads weights from a path, so the weights
-  are saved with ``save_pretrained`` (safetensors) to ``shared_dir/step_N`` and the
-  server the backend launched is restarted on that directory.
+  are saved with ``save_pretrained`` (safetensors) to ``shared_dir/step_N``
+  (:func:`~gepo_xtuner.rollout.server.weights.save_weights`) and the server the backend
+  launched is restarted on that directory.
+
+The parameters' checkpoint names and their buckets are engine-independent
+(:mod:`gepo_xtuner.rollout.server.weights`).
 """
 
 import base64
 import concurrent.futures as cf
 import io
-import os
-import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..server.http import HTTPPool, ServerRequestError
+from ..server.process import free_port
+from ..server.weights import buckets, named_weights
 
 MODES: dict[str, frozenset[str]] = {
     'none': frozenset(),
@@ -44,8 +45,6 @@ MODES: dict[str, frozenset[str]] = {
                        'backend', 'server_tp', 'timeout_s'}),
     'disk': frozenset({'shared_dir', 'keep'}),
 }
-# Weight files that ``save_pretrained`` rewrites; other files of the base model are kept.
-_WEIGHT_SUFFIXES = ('.safetensors', '.bin', '.pt', '.pth', '.index.json')
 
 
 def check_weight_sync(cfg: dict | None) -> dict | None:
@@ -85,76 +84,6 @@ def _dtype(name: str | torch.dtype | None) -> torch.dtype | None:
         raise ValueError(f"weight_sync.dtype must name a floating torch dtype such as 'bfloat16', "
                          f'got {name!r}')
     return dtype
-
-
-def named_weights(model: nn.Module, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None
-                  ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every parameter, under Hugging Face checkpoint names.
-
-    The names are those ``save_pretrained`` writes (:func:`checkpoint_items`), the
-    names every engine's loader reads from disk: for a vision-language model on
-    transformers >= 4.52 they differ from the module names (InternVL:
-    ``model.language_model.X`` is ``language_model.model.X`` in the checkpoint,
-    ``model.vision_tower.X`` is ``vision_tower.X``). LMDeploy 0.18's InternVL module
-    maps either form (its ``rename_weight``); an engine that only knows the files'
-    names needs these. On transformers 5 a model with weight converters (fused MoE
-    experts) gets its tensors converted back here, as ``save_pretrained`` does, which
-    builds new tensors on every push. Tied parameters appear once (under the first name, e.g. the
-    embedding), as in a saved checkpoint. Tensors are detached, contiguous, optionally
-    cast and moved.
-    """
-    for name, t in checkpoint_items(model):
-        if dtype is not None or device is not None:
-            t = t.to(dtype=dtype or t.dtype, device=device or t.device)
-        yield name, t.contiguous()
-
-
-def checkpoint_items(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The model's parameters (detached) under the names its ``save_pretrained`` writes.
-
-    transformers 5 keeps the renaming it applied at load (or its default one for the
-    class) and reverts it on save (``revert_weight_conversion``); 4.52 to 4.57 reverse
-    ``_checkpoint_conversion_mapping`` on save; older versions save the module names.
-    The same is done here, so weights pushed to a server arrive under the names the
-    server's loader reads from the checkpoint on disk.
-    """
-    items = [(name, param.detach()) for name, param in model.named_parameters()]
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers 4
-        revert_weight_conversion = None
-    if revert_weight_conversion is not None and hasattr(model, 'config'):
-        return list(revert_weight_conversion(model, dict(items)).items())
-    mapping = getattr(model, '_checkpoint_conversion_mapping', None) or {}
-    if not mapping:
-        return items
-    reverse = {replacement: pattern for pattern, replacement in mapping.items()}
-    out = []
-    for name, tensor in items:
-        for pattern, replacement in reverse.items():
-            replacement = re.sub(r'\(.*\)', '', replacement.lstrip('^'))
-            name, hits = re.subn(pattern, replacement, name)
-            if hits:
-                break
-        out.append((name, tensor))
-    return out
-
-
-def buckets(named: Iterator[tuple[str, torch.Tensor]], bucket_bytes: int
-            ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Groups tensors into lists of at most ``bucket_bytes`` (a larger tensor goes alone)."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def _last_flagged(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
@@ -253,7 +182,6 @@ class NCCLWeightSync:
         if self.group is not None:
             return
         if self.master_port is None:
-            from .server import free_port
             self.master_port = free_port(self.master_address)
         world_size = self.server_tp + 1
         body = {'master_address': self.master_address, 'master_port': int(self.master_port),
@@ -324,44 +252,3 @@ class NCCLWeightSync:
             pass
         dist.destroy_process_group(self.group)
         self.group = None
-
-
-def save_weights(model: nn.Module, tokenizer: Any, shared_dir: str | os.PathLike, step: int,
-                 base_model: str | None = None, keep: int = 2) -> Path:
-    """Writes a complete model directory to ``shared_dir/step_{step}`` atomically.
-
-    The directory is written under a temporary name and renamed when complete, so a
-    server never sees half a checkpoint. Non-weight files of ``base_model`` (a local
-    directory: chat template, processor configs, ...) are copied first, then
-    ``save_pretrained`` (safetensors) and the tokenizer overwrite theirs. Only the
-    newest ``keep`` ``step_*`` directories are kept.
-
-    Returns:
-        The new directory.
-    """
-    if not hasattr(model, 'save_pretrained'):
-        raise TypeError(f"weight_sync mode 'disk' saves with save_pretrained, which "
-                        f'{type(model).__name__} lacks; pass the transformers model')
-    root = Path(shared_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f'step_{step}'
-    tmp = Path(tempfile.mkdtemp(prefix=f'.step_{step}.tmp-', dir=root))
-    try:
-        if base_model is not None and Path(base_model).is_dir():
-            for f in Path(base_model).iterdir():
-                if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
-                    shutil.copy2(f, tmp / f.name)
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    old = sorted((p for p in root.glob('step_*') if p.is_dir() and p.name[5:].isdigit()),
-                 key=lambda p: int(p.name[5:]))
-    for p in old[:-keep] if keep > 0 else []:
-        if p != final:
-            shutil.rmtree(p, ignore_errors=True)
-    return final

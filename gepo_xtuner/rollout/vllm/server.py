@@ -5,17 +5,16 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..lmdeploy.server import LMDeployServerProcess
+from ..server.process import LAUNCH_KEYS as _COMMON_KEYS
+from ..server.process import ServerProcess
 
 #: the directory put on the server's PYTHONPATH: it holds ``gepo_vllm_worker`` only
 WORKER_EXTENSION_DIR: str = str(Path(__file__).with_name('worker_extension'))
 #: the ``--worker-extension-cls`` the backend's weight pushes need
 WORKER_EXTENSION: str = 'gepo_vllm_worker.GEPOWorkerExtension'
 
-LAUNCH_KEYS: frozenset[str] = frozenset(
-    {'model_path', 'host', 'port', 'python', 'extra_args', 'env', 'log_file',
-     'startup_timeout_s', 'command', 'max_model_len', 'dtype', 'kv_cache_gib',
-     'served_model_name', 'enforce_eager', 'trust_remote_code'})
+LAUNCH_KEYS: frozenset[str] = _COMMON_KEYS | {'max_model_len', 'dtype', 'kv_cache_gib',
+                                              'served_model_name', 'enforce_eager'}
 
 
 def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
@@ -28,7 +27,7 @@ def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
             **{k: str(v) for k, v in (env or {}).items()}}
 
 
-class VLLMServerProcess(LMDeployServerProcess):
+class VLLMServerProcess(ServerProcess):
     """One ``vllm serve`` API server in its own process group, its output in a log file.
 
     The default command is::
@@ -36,7 +35,8 @@ class VLLMServerProcess(LMDeployServerProcess):
         PYTHON -m vllm.entrypoints.openai.api_server --model MODEL_PATH --host HOST
             --port PORT --served-model-name NAME --dtype DTYPE --max-model-len LEN
             --logprobs-mode raw_logprobs --generation-config vllm [--enforce-eager]
-            --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension EXTRA_ARGS...
+            --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension
+            [--trust-remote-code] EXTRA_ARGS...
 
     with ``VLLM_SERVER_DEV_MODE=1``, the extension's directory on ``PYTHONPATH`` and
     ``VLLM_CPU_KVCACHE_SPACE=kv_cache_gib``. It is the module, not the ``vllm`` script: the
@@ -54,10 +54,15 @@ class VLLMServerProcess(LMDeployServerProcess):
         enforce_eager: skip torch.compile and graph capture (default True: compiling
             takes minutes on a small CPU; set False on a GPU).
         host, port, extra_args, env, log_file, startup_timeout_s, command, trust_remote_code: as
-            :class:`~gepo_xtuner.rollout.lmdeploy.server.LMDeployServerProcess`.
+            :class:`~gepo_xtuner.rollout.server.process.ServerProcess`.
     """
 
     ENGINE = 'vLLM'
+    EXAMPLE_MODEL = 'work_dirs/tiny_cpu/model'
+    COMMAND = ('{python}', '-m', 'vllm.entrypoints.openai.api_server', '--model', '{model_path}',
+               '--host', '{host}', '--port', '{port}', '--served-model-name', '{served_model_name}',
+               '--dtype', '{dtype}', '--max-model-len', '{max_model_len}',
+               '--logprobs-mode', 'raw_logprobs', '--generation-config', 'vllm')
 
     def __init__(self, model_path: str | None = None, host: str = '127.0.0.1',
                  port: int = 8000, python: str = 'python',
@@ -67,33 +72,24 @@ class VLLMServerProcess(LMDeployServerProcess):
                  dtype: str = 'auto', kv_cache_gib: float = 1.0,
                  served_model_name: str = 'policy', enforce_eager: bool = True,
                  trust_remote_code: bool | None = None) -> None:
-        if model_path is None:
-            raise ValueError("launch needs model_path (the model the vLLM server loads), e.g. "
-                             "launch=dict(model_path='work_dirs/tiny_cpu/model')")
-        if int(max_model_len) < 2 or float(kv_cache_gib) <= 0:
+        if model_path is not None and (int(max_model_len) < 2 or float(kv_cache_gib) <= 0):
             raise ValueError(f'launch needs max_model_len >= 2 and kv_cache_gib > 0, got '
                              f'{max_model_len}, {kv_cache_gib}')
         env = {'VLLM_CPU_KVCACHE_SPACE': f'{float(kv_cache_gib):g}', **server_env(env)}
-        super().__init__(model_path, host, port, 'vllm', 1, python, extra_args, env, log_file,
+        super().__init__(model_path, host, port, python, extra_args, env, log_file,
                          startup_timeout_s, command, trust_remote_code)
         self.max_model_len = int(max_model_len)
         self.dtype = str(dtype)
         self.served_model_name = str(served_model_name)
         self.enforce_eager = bool(enforce_eager)
 
-    def argv(self, model_path: str | None = None) -> list[str]:
-        """The command that starts the server on ``model_path`` (default: the configured one)."""
-        model_path = str(model_path or self.model_path)
-        if self.command is not None:
-            fields = {'model_path': model_path, 'host': self.host, 'port': self.port}
-            return [a.format(**fields) for a in self.command]
-        return [self.python, '-m', 'vllm.entrypoints.openai.api_server', '--model', model_path,
-                '--host', self.host, '--port', str(self.port),
-                '--served-model-name', self.served_model_name, '--dtype', self.dtype,
-                '--max-model-len', str(self.max_model_len), '--logprobs-mode', 'raw_logprobs',
-                '--generation-config', 'vllm', *(['--enforce-eager'] if self.enforce_eager else []),
-                *(['--trust-remote-code'] if self.trust_remote_code else []),
-                '--worker-extension-cls', WORKER_EXTENSION, *self.extra_args]
+    def fields(self, model_path: str) -> dict[str, Any]:
+        return {**super().fields(model_path), 'served_model_name': self.served_model_name,
+                'dtype': self.dtype, 'max_model_len': self.max_model_len}
+
+    def flags(self) -> list[str]:
+        return [*(['--enforce-eager'] if self.enforce_eager else []),
+                '--worker-extension-cls', WORKER_EXTENSION]
 
     def command_line(self) -> str:
         """The start command as a shell line (for messages and docs)."""

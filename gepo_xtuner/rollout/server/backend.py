@@ -1,0 +1,579 @@
+"""The engine-independent part of a rollout backend that samples from inference servers.
+
+:class:`ServerRolloutBackend` owns what every server backend does the same way: the
+servers' addresses and their checks, the launch settings, launching one server on
+global rank 0 (or attaching to running ones) and telling every rank where they are,
+the readiness check, the :class:`~gepo_xtuner.rollout.server.pool.ServerPool`, the
+weight-push round (every rank waits, rank 0 pushes, every rank learns which servers
+took the weights), weight files, the abort of requests in flight, and errors that say
+what to check. An engine's subclass writes only what is its own: the request and
+answer of one generation, the weight-update calls, the launch command
+(a :class:`~gepo_xtuner.rollout.server.process.ServerProcess` subclass) and its
+extra endpoints (sleep and wake, pause and resume).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import httpx
+import torch.distributed as dist
+from mmengine.logging import print_log
+from torch import nn
+
+from ...ops.distributed import dist_rank, dist_world_size
+from ..base import RolloutBackend
+from .http import HTTPPool, ServerRequestError
+from .pool import ASLEEP, NoServerError, Server, ServerPool, is_ready
+from .process import LAUNCH_KEYS, ServerProcess, runs_remote_code
+from .weights import WeightDir, save_weights
+
+T = TypeVar('T')
+
+#: seconds :meth:`ServerRolloutBackend.abort` waits before it asks the servers again to
+#: abort while requests of the aborted call are in flight: the first wait, doubled each
+#: time up to the second
+ABORT_RESEND_S = (0.05, 1.0)
+
+#: how long one readiness probe of a running server may take at most
+PROBE_TIMEOUT_S = 30.0
+
+
+class ServerBackendError(RuntimeError):
+    """A server could not do what was asked (the message says what to check).
+
+    Each engine's backend raises its own subclass (:attr:`ServerRolloutBackend.ERROR`).
+    """
+
+
+def split_urls(server_url: str | Sequence[str] | None) -> list[str]:
+    """``'a,b'``, ``['a', 'b']`` or ``'a'`` as a list of URLs without trailing slashes."""
+    if server_url is None:
+        return []
+    items = server_url.split(',') if isinstance(server_url, str) else list(server_url)
+    return [str(u).strip().rstrip('/') for u in items if str(u).strip()]
+
+
+def barrier() -> None:
+    """Waits for every rank (no-op in one process)."""
+    if dist_world_size() > 1:
+        dist.barrier()
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (no-op in one process)."""
+    if dist_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def on_rank0(fn: Callable[[], T], error: type[Exception] = ServerBackendError) -> T:
+    """``fn()`` on global rank 0 only, its result on every rank; every rank calls this.
+
+    Where only rank 0 talks to the servers, an error there must reach the other ranks:
+    they would otherwise wait forever in the next collective. So an exception on rank 0
+    is raised there as it is, and on every other rank as an ``error`` with the same
+    message (an ``error`` keeps its text; any other exception is prefixed with its type).
+    """
+    outcome, failure = None, None
+    if dist_rank() == 0:
+        try:
+            outcome = ('ok', fn())
+        except Exception as e:  # noqa: BLE001  (raised below, on every rank)
+            failure = e
+            outcome = ('error', str(e) if isinstance(e, error) else f'{type(e).__name__}: {e}')
+    outcome = broadcast(outcome)
+    if failure is not None:
+        raise failure
+    if outcome[0] == 'error':
+        raise error(outcome[1])
+    return outcome[1]
+
+
+class ServerRolloutBackend(RolloutBackend):
+    """Rollouts from one or several inference servers over HTTP; an engine subclasses it.
+
+    A subclass sets the class attributes below and implements :meth:`generate` (its
+    request per response or group, dispatched with :meth:`_map`) and
+    :meth:`_push_weights` (rank 0's weight push to every server); it may override the
+    hooks :meth:`_check_server` (what readiness means beyond ``GET /health``),
+    :meth:`_hints` (engine-specific advice in errors), :meth:`_server_urls` (other ways
+    to find servers), :meth:`_on_pool` (what to learn from the servers once reached),
+    :meth:`_pause` / :meth:`_resume` and :attr:`ABORT_PATH`.
+
+    Building the backend touches neither the network nor the disk; the servers are
+    reached (or launched) at :meth:`attach` or the first :meth:`generate`.
+
+    Args:
+        server_url: running servers: one URL, a list of URLs, or URLs separated by
+            commas, e.g. ``'http://node1:8000,http://node2:8000'``.
+        launch: start one server as a subprocess instead: the keyword arguments of
+            :attr:`PROCESS` (``model_path`` at least). Only global rank 0 launches; the
+            other ranks connect to ``host:port`` (so ``port=0``, any free port, works in
+            one process only).
+        max_concurrency: requests in flight at most, per server and trainer rank.
+        timeout_s: how long one request may take (see :attr:`request_timeout_s`).
+        max_retries: retries on the same server on connection errors and 5xx answers
+            (never on 4xx) before the request moves to another server.
+        backoff_s: first wait between retries, doubled each time.
+        retry_after_s: how long a server that was taken out waits before the next
+            health probe.
+        api_key: sent as ``Authorization: Bearer``.
+        weight_sync: the engine's weight-sync settings, already checked by the subclass
+            (``None``: :meth:`update_weights` raises; ``dict(mode='none')``: the weights
+            never change).
+        sources: further ways the subclass offers to name servers, name -> what was
+            given (e.g. LMDeploy's ``address_files``); exactly one source may be given.
+        numbers: further settings with a lower bound, name -> ``(value, bound, strict)``
+            (``strict``: the value must exceed the bound).
+
+    Raises:
+        ValueError: a bad combination of arguments (the message says which).
+    """
+
+    #: the engine's name in messages
+    ENGINE: ClassVar[str] = 'inference'
+    #: the server process ``launch`` builds
+    PROCESS: ClassVar[type[ServerProcess]] = ServerProcess
+    #: the keys ``launch`` takes
+    LAUNCH_KEYS: ClassVar[frozenset[str]] = LAUNCH_KEYS
+    #: the error this backend raises
+    ERROR: ClassVar[type[ServerBackendError]] = ServerBackendError
+    #: what each way of naming servers is, for the message when none or several are given
+    SOURCES: ClassVar[dict[str, str]] = {
+        'server_url': "running servers, e.g. 'http://127.0.0.1:8000'",
+        'launch': 'dict(model_path=...) to start one'}
+    #: whether a launched server is probed like a running one once it answered ``/health``
+    CHECK_LAUNCHED: ClassVar[bool] = True
+    #: the engine's endpoint that aborts every request a server runs (``None``: no abort,
+    #: a :meth:`generate` on another thread runs to its end)
+    ABORT_PATH: ClassVar[str | None] = None
+
+    def __init__(self, server_url: str | Sequence[str] | None = None,
+                 launch: dict | None = None, *, max_concurrency: int = 64,
+                 timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 1.0,
+                 retry_after_s: float = 30.0, api_key: str | None = None,
+                 weight_sync: dict | None = None, sources: dict[str, Any] | None = None,
+                 numbers: dict[str, tuple[float, float, bool]] | None = None) -> None:
+        urls = split_urls(server_url)
+        given = [name for name, v in (('server_url', urls), *(sources or {}).items(),
+                                      ('launch', launch)) if v]
+        if len(given) != 1:
+            options = [f'{name} ({why})' for name, why in self.SOURCES.items()]
+            listed = ', '.join(options[:-1]) + f' or {options[-1]}'
+            raise ValueError(f'{type(self).__name__} needs exactly one of {listed}; got '
+                             f'{given or "none"}')
+        for url in urls:
+            if not url.startswith(('http://', 'https://')):
+                raise ValueError(f'server_url must start with http:// or https://, got {url!r}')
+        if launch is not None:
+            if not isinstance(launch, dict):
+                raise ValueError(f'launch must be a dict, got {type(launch).__name__}')
+            unknown = set(launch) - self.LAUNCH_KEYS
+            if unknown:
+                raise ValueError(f'launch does not take {sorted(unknown)}; it takes '
+                                 f'{sorted(self.LAUNCH_KEYS)}')
+        bounds = {'max_concurrency': (max_concurrency, 1, False), 'timeout_s': (timeout_s, 0, True),
+                  'max_retries': (max_retries, 0, False), 'backoff_s': (backoff_s, 0, False),
+                  'retry_after_s': (retry_after_s, 0, False), **(numbers or {})}
+        if any(v <= low if strict else v < low for v, low, strict in bounds.values()):
+            need = ', '.join(f'{name} {">" if strict else ">="} {low}'
+                             for name, (_, low, strict) in bounds.items())
+            got = ', '.join(f'{v}' for v, _, _ in bounds.values())
+            raise ValueError(f'need {need}; got {got}')
+        self.server_urls = urls
+        self.server = None if launch is None else self.PROCESS(**launch)
+        self.max_concurrency = int(max_concurrency)
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.retry_after_s = float(retry_after_s)
+        self.api_key = api_key
+        self.weight_sync = weight_sync
+        self.tokenizer: Any = None
+        self.num_updates = 0
+        self._pool: ServerPool | None = None
+        self._weight_dir = WeightDir(f'gepo_{self.ENGINE.lower()}_weights_')
+        self._aborted = False
+
+    # ------------------------------------------------------------- properties
+    @property
+    def url(self) -> str:
+        """The servers' addresses (a launched server's once it started)."""
+        if self.server is not None:
+            return self.server.url
+        return ', '.join(self._pool.urls if self._pool is not None else self.server_urls)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """The headers of every request (the API key's)."""
+        return None if self.api_key is None else {'Authorization': f'Bearer {self.api_key}'}
+
+    @property
+    def request_timeout_s(self) -> float:
+        """How long the client waits for one answer (``timeout_s`` unless an engine
+        knows better, e.g. of its servers' queues)."""
+        return self.timeout_s
+
+    @property
+    def syncs_weights(self) -> bool:
+        """Whether the servers must hold the trainer's weights (a weight-sync mode that
+        pushes): a server that missed a push stays out until it got the next one."""
+        return (self.weight_sync or {}).get('mode') not in (None, 'none')
+
+    @property
+    def _http(self) -> HTTPPool:
+        """The connection pool of the first server (the single-server modes' server)."""
+        return self._pool.servers[0].http
+
+    def start_hint(self) -> str:
+        """A command that starts a server this backend can use (for messages)."""
+        return f'{self.ENGINE} server MODEL'
+
+    # ----------------------------------------------------------------- lifecycle
+    def attach(self, model: nn.Module, tokenizer: Any) -> None:
+        """Keeps the tokenizer (saved with the weight files) and reaches the servers; a
+        launched server trusts remote code when the trainer's policy runs some. Every
+        rank calls it."""
+        self.tokenizer = tokenizer
+        if self.server is not None and self.server.trust_remote_code is None:
+            self.server.trust_remote_code = runs_remote_code(model)  # the trainer's checkpoint
+        self._ensure_server()
+
+    def _ensure_server(self) -> None:
+        """Launches (rank 0) or checks the servers once; every rank calls it at the same
+        point.
+
+        Raises:
+            ValueError: ``launch.port=0`` with several processes.
+            ServerBackendError: the backend was aborted, or no server is ready (the
+                message names each one and what to do).
+        """
+        if self._aborted:
+            raise self.ERROR(f'this {type(self).__name__} was aborted (its step failed); '
+                             'build a new one to generate again')
+        if self._pool is not None:
+            return
+        if self.server is not None:
+            if self.server.port == 0 and dist_world_size() > 1:
+                raise ValueError('launch.port=0 (any free port) works in one process only; set '
+                                 'a fixed launch.port for multi-process training')
+            self._on_rank0(self.server.start)
+        pool = ServerPool(self._server_urls(), self.max_concurrency, self.request_timeout_s,
+                          self.max_retries, self.backoff_s, self.headers, self.retry_after_s,
+                          track_weights=self.syncs_weights)
+        for s in pool.servers:  # all start on the weights the trainer starts from
+            pool.mark_synced(s, pool.version)
+        if self.server is None or self.CHECK_LAUNCHED:
+            for s in pool.servers:
+                ok, why = self._check_server(s)
+                if not ok:
+                    pool.mark_out(s, why)
+            if not pool.ready_servers():
+                pool.close()
+                raise self.ERROR(self._no_server_message(pool))
+        self._on_pool(pool)
+        self._pool = pool
+
+    def _server_urls(self) -> list[str]:
+        """Where the servers are, on every rank (a launched server's address, or
+        ``server_url``); engines with other ways to find servers override it."""
+        return [self.server.url] if self.server is not None else list(self.server_urls)
+
+    def _check_server(self, server: Server) -> tuple[bool, str]:
+        """Whether a running server can take this backend's requests; and why not
+        (default: ``GET /health`` answers 200 and the engine is awake)."""
+        return is_ready(server.http, min(self.timeout_s, PROBE_TIMEOUT_S))
+
+    def _on_pool(self, pool: ServerPool) -> None:
+        """Called once the servers are reached, before the first request (nothing by
+        default; e.g. the served model's name)."""
+
+    def _no_server_message(self, pool: ServerPool) -> str:
+        asleep = any(ASLEEP in s.reason for s in pool.servers)
+        if any('HTTP 401' in s.reason for s in pool.servers):
+            todo = '\nThe server wants an API key: set api_key to one of its --api-keys'
+        elif asleep:
+            todo = '\n' + self._asleep_hint()
+        else:
+            fix = ' / '.join(name for name in self.SOURCES if name != 'launch')
+            todo = f'\nStart one, e.g. `{self.start_hint()}`, or fix {fix}'
+        return pool.describe_out(
+            f'no {"awake" if asleep else "healthy"} {self.ENGINE} server at {self.url}') + todo
+
+    def _asleep_hint(self) -> str:
+        """What to do about servers that sleep (the engine knows how to wake them)."""
+        return 'A sleeping server has to be woken (the engine\'s wake-up call) first'
+
+    def close(self) -> None:
+        """Closes connections, stops a launched server and removes the default weight
+        directory."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self.server is not None:
+            self.server.close()
+        self._weight_dir.remove()
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Per-server figures since the last call (``rollout/server/<i>/...``, see
+        :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`)."""
+        return {} if self._pool is None else self._pool.pop_metrics()
+
+    def logprob_temperature(self, params: Any) -> float:
+        """1: the servers report ``log_softmax`` of the raw logits, before the sampling
+        temperature (an engine that reports tempered logprobs overrides this)."""
+        return 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The weight-update counter (it numbers the weight files)."""
+        return {'num_updates': self.num_updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.num_updates = int(state.get('num_updates', self.num_updates))
+
+    # ---------------------------------------------------------- distributed
+    def _on_rank0(self, fn: Callable[[], T]) -> T:
+        """:func:`on_rank0` with this engine's error."""
+        return on_rank0(fn, self.ERROR)
+
+    # ---------------------------------------------------------------- requests
+    def _map(self, fn: Callable[[HTTPPool, T], Any], items: Sequence[T],
+             size: Callable[[Any], int] | None = None, path: str = '',
+             protocol_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
+        """``fn(http, item)`` for every item over the ready servers (see
+        :meth:`ServerPool.map <gepo_xtuner.rollout.server.pool.ServerPool.map>`), with
+        failures as this engine's error.
+
+        Raises:
+            ServerBackendError: a request failed for good, no server is left, an answer
+                broke the engine's protocol (``protocol_errors``, naming ``path``), or the
+                backend was aborted meanwhile.
+        """
+        if self._aborted:  # abort() came while the servers were being reached
+            raise self.ERROR(f'generation aborted ({type(self).__name__}.abort) before any '
+                             'request was sent')
+        try:
+            return self._pool.map(fn, items, size=size)
+        except Exception as e:
+            if self._aborted:  # whatever the cancelled requests raised
+                raise self.ERROR(f'generation aborted ({type(self).__name__}.abort): {e}') \
+                    from e
+            if isinstance(e, ServerRequestError):
+                raise self.ERROR(self._explain(e)) from e
+            if isinstance(e, NoServerError):
+                raise self.ERROR(f'{e}\nCheck that the servers run and that this machine '
+                                 'reaches them (curl URL/health).') from e
+            if protocol_errors and isinstance(e, protocol_errors):
+                raise self.ERROR(f'{self.ENGINE} server {self.url}, {path}: {e}') from e
+            raise
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request to the first server, its failure as this engine's error."""
+        try:
+            return self._http.request(method, path, **kwargs)
+        except ServerRequestError as e:
+            raise self.ERROR(self._explain(e)) from e
+
+    def _explain(self, e: ServerRequestError) -> str:
+        """The error, the engine's advice, and where to look."""
+        parts = [f'{self.ENGINE} server {self.url}: {e}', *self._hints(e)]
+        if self.server is not None:
+            parts.append(f'Server log {self.server.log_file} ends with:\n{self.server.log_tail()}')
+        elif e.status is None:
+            parts.append(f'Check that the server runs and that this machine reaches it '
+                         f'(curl {e.url or self.url}/health).')
+        if self._pool is not None and len(self._pool.servers) > 1:
+            parts.append(self._pool.describe_out('Servers'))
+        return '\n'.join(parts)
+
+    def _hints(self, e: ServerRequestError) -> list[str]:
+        """The engine's advice on ``e`` (none by default)."""
+        return []
+
+    # ------------------------------------------------------------- weight sync
+    def update_weights(self, model: nn.Module) -> None:
+        """Makes every ready server sample from ``model``'s current weights.
+
+        Only global rank 0 talks to the servers; every rank calls this and waits until
+        rank 0 has pushed (:meth:`_push_weights`). Servers that were out and answer
+        healthy again get the weights and rejoin; a server the push fails on is taken
+        out, on every rank. ``model`` must hold full (unsharded) parameters on rank 0.
+
+        Raises:
+            ServerBackendError: no ``weight_sync`` configured, a sharded policy, or no
+                server took the weights.
+        """
+        if self.weight_sync is None:
+            raise self.ERROR(
+                f'{type(self).__name__}.update_weights: no weight_sync configured, so the '
+                'servers would keep sampling from their initial weights; set weight_sync='
+                f'dict(mode=...) for training ({self._weight_sync_modes()}), or '
+                "dict(mode='none') for servers whose weights never change")
+        if self.weight_sync['mode'] == 'none':
+            return
+        self._refuse_sharded(model)
+        self._ensure_server()
+        self._sync(model, self._pool.version + 1, count=True)
+
+    def _weight_sync_modes(self) -> str:
+        """The pushing modes, for messages."""
+        return 'see the backend\'s weight_sync'
+
+    def _refuse_sharded(self, model: nn.Module) -> None:
+        """Raises where ``model`` is partitioned by DeepSpeed ZeRO-3 (checked on every
+        rank, so none waits for a push that never comes)."""
+        if any(hasattr(p, 'ds_id') for p in model.parameters()):
+            raise self.ERROR(
+                'the policy is partitioned by DeepSpeed ZeRO-3: each rank holds a shard of '
+                f'every parameter, and pushing shards to {self.ENGINE} servers is not '
+                'supported; train with ZeRO-2 (full parameters on every rank) or DDP, see '
+                'docs/cluster.md')
+
+    def _sync(self, model: nn.Module, version: int, count: bool) -> dict:
+        """Every rank: waits for all ranks (none is still generating: another rank's
+        requests must not meet the new weights), then rank 0 pushes ``model`` as weights
+        ``version`` and every rank learns which servers took them.
+
+        Returns:
+            rank 0's report (see :meth:`_push_weights`).
+        """
+        barrier()
+        pool = self._pool
+        report = self._on_rank0(lambda: self._push_weights(model, version))
+        for url in report.get('urls', pool.urls)[len(pool.servers):]:
+            pool.add(url)
+        pool.version = version
+        for i, s in enumerate(pool.servers):
+            if i in report['synced']:
+                pool.mark_synced(s, report['synced'][i])
+            else:
+                pool.mark_out(s, report['out'].get(i, s.reason or 'missed a weight sync'))
+        if count:
+            self.num_updates += 1
+        if not pool.ready_servers():
+            raise self.ERROR(pool.describe_out(
+                f'weight sync {version} reached no {self.ENGINE} server'))
+        return report
+
+    def _push_weights(self, model: nn.Module, version: int) -> dict:
+        """Rank 0: ``model``'s weights as ``version`` into every server that is up.
+
+        Returns:
+            ``synced`` (server index -> version pushed), ``out`` (index -> why not) and
+            optionally ``urls`` (the pool's servers, new ones last) and engine figures.
+        """
+        raise NotImplementedError(f'{type(self).__name__} pushes no weights')
+
+    def _servers_to_push(self) -> list[tuple[Server, str | None]]:
+        """Rank 0: every server, and why it cannot take weights now (None: it can): a
+        server that is out (or new) gets weights only once it answers healthy."""
+        out = []
+        for s in self._pool.servers:
+            why = None
+            if not s.ready:
+                ok, reason = is_ready(s.http, min(self.timeout_s, PROBE_TIMEOUT_S))
+                why = None if ok else reason
+            out.append((s, why))
+        return out
+
+    def _save_weight_files(self, model: nn.Module, step: int, shared_dir: str | None = None,
+                           keep: int = 2, base_model: str | None = None) -> Path:
+        """Rank 0: ``model`` (and the tokenizer) as a checkpoint directory
+        ``step_{step}`` under ``shared_dir`` (default: a directory of this backend, see
+        :class:`~gepo_xtuner.rollout.server.weights.WeightDir`)."""
+        shared = shared_dir or self._weight_dir.path(model, keep)
+        return save_weights(model, self.tokenizer, shared, step, base_model=base_model,
+                            keep=keep)
+
+    def _paused(self, server: Server, work: Callable[[], T], timeout_s: float) -> T:
+        """``work()`` while ``server`` is paused (:meth:`_pause`, :meth:`_resume`).
+
+        The server is resumed whatever failed (also a pause that timed out after it took
+        effect); an error of that resume does not hide the first one.
+        """
+        http = server.http
+        try:
+            self._pause(http, timeout_s)
+            result = work()
+        except ServerRequestError:
+            try:
+                self._resume(http, timeout_s, retries=0)
+            except ServerRequestError:
+                pass
+            raise
+        self._resume(http, timeout_s)
+        return result
+
+    def _pause(self, http: HTTPPool, timeout_s: float) -> None:
+        """Stops the server taking new requests and waits for those in flight (nothing
+        by default)."""
+
+    def _resume(self, http: HTTPPool, timeout_s: float, retries: int | None = None) -> None:
+        """Undoes :meth:`_pause` (nothing by default)."""
+
+    # ------------------------------------------------------------------- abort
+    def abort(self) -> None:
+        """Cancels the requests in flight and returns once none is left (engines with an
+        :attr:`ABORT_PATH`; others run to their end, as :class:`RolloutBackend`'s).
+
+        Nothing more is sent (:meth:`ServerPool.abort
+        <gepo_xtuner.rollout.server.pool.ServerPool.abort>`) and each server that runs
+        requests of this backend aborts every request it runs (``POST ABORT_PATH``; on a
+        server other trainer ranks share, their requests too, which is what a failed
+        step wants). A request still on its way when that call reached the server would
+        run to its end, so the call is sent again, after 0.05 s, then 0.1 s, ... up to
+        every second (:data:`ABORT_RESEND_S`), to the servers that still run requests
+        of this backend, until none is in flight or ``timeout_s`` passed. A server that
+        refuses the call is warned about once and not asked again: its requests run to
+        their end, and this call waits for them (at most ``timeout_s``). A
+        :meth:`generate` running on another thread then raises; later calls raise too.
+        With nothing in flight, no server is contacted."""
+        if self.ABORT_PATH is None:
+            return
+        self._aborted = True
+        pool = self._pool
+        if pool is None:
+            return
+        pool.abort()
+        deadline = time.monotonic() + self.timeout_s
+        wait, longest = ABORT_RESEND_S
+        refused: set[int] = set()
+        while True:
+            for s in pool.busy_servers():
+                left = deadline - time.monotonic()
+                if s.index in refused or left <= 0:
+                    continue
+                try:
+                    # a plain client: the pool's connections are being cancelled
+                    resp = httpx.post(f'{s.url}{self.ABORT_PATH}', json={},
+                                      headers=self.headers, timeout=min(10.0, left))
+                except httpx.HTTPError:
+                    continue  # a dead server runs nothing; its requests fail on their own
+                if not resp.is_success:
+                    refused.add(s.index)
+                    print_log(f'{self.ENGINE} server {s.url}: POST {self.ABORT_PATH} answered '
+                              f'HTTP {resp.status_code}; its requests in flight run to their '
+                              f'end{self._abort_refused_hint()}', logger='current',
+                              level=logging.WARNING)
+            if pool.wait_idle(max(0.0, min(wait, deadline - time.monotonic()))):
+                return
+            if time.monotonic() >= deadline:
+                print_log(f'{type(self).__name__}.abort: requests still in flight after '
+                          f'timeout_s={self.timeout_s:g} s; the generating thread ends when '
+                          'they fail or time out', logger='current', level=logging.WARNING)
+                return
+            wait = min(2 * wait, longest)
+
+    def _abort_refused_hint(self) -> str:
+        """What to change when a server refuses :attr:`ABORT_PATH` (appended to the
+        warning)."""
+        return ''
+
+
+__all__ = ['ABORT_RESEND_S', 'ServerBackendError', 'ServerRolloutBackend', 'barrier',
+           'broadcast', 'on_rank0', 'split_urls']
