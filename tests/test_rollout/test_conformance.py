@@ -5,8 +5,11 @@ own API server code, run on CPU with a stand-in for its GPU engine
 (``lmdeploy_cpu_engine.py``); the contract checked is the client's side. The vLLM
 backend talks to a real ``vllm serve`` (vLLM's CPU build, its own engine) serving the same
 policy. A backend added to the registry must be
-added to ``MAKERS`` or this test fails.
+added to ``MAKERS`` or this test fails. :func:`check_contract` is the contract as one
+function, for backends registered elsewhere (``test_server_base.py``).
 """
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -45,11 +48,14 @@ def test_every_registered_backend_is_checked():
     assert set(shipped(ROLLOUT_BACKENDS)) == set(MAKERS)
 
 
-@pytest.mark.parametrize('name', sorted(MAKERS))
-def test_contract(name, request, tiny_model_dir):
-    backend = MAKERS[name](request)
+def check_contract(backend: RolloutBackend, make: Callable[[], RolloutBackend],
+                   model_dir) -> None:
+    """The contract every backend keeps: ``backend`` (built, not attached) is attached to
+    the tiny policy of ``model_dir``, generates, takes a weight update, and its state
+    round-trips into a ``make()``-built twin; both are closed at the end. A backend of
+    another engine (``test_server_base.py``) is checked with this too."""
     assert isinstance(backend, RolloutBackend)
-    model, tok = load_policy(tiny_model_dir)
+    model, tok = load_policy(model_dir)
     backend.attach(model, tok)
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, stop_token_ids=(EOS_ID, ))
     # a rank with nothing to sample still calls generate (it may be collective)
@@ -69,11 +75,16 @@ def test_contract(name, request, tiny_model_dir):
     backend.update_weights(model)  # every rank calls it; here: weights unchanged
     state = backend.state_dict()
     assert isinstance(state, dict)
-    fresh = MAKERS[name](request)
+    fresh = make()
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
     backend.close()
     fresh.close()
+
+
+@pytest.mark.parametrize('name', sorted(MAKERS))
+def test_contract(name, request, tiny_model_dir):
+    check_contract(MAKERS[name](request), lambda: MAKERS[name](request), tiny_model_dir)
 
 
 @pytest.mark.parametrize('name', sorted(MAKERS))
