@@ -15,8 +15,8 @@ deterministic function of the request. Standard library only, so it starts in a 
   directory without ``config.json`` and a ``*.safetensors`` file; records the path.
 * ``GET /reloads``: the recorded paths, in order.
 
-``--fail-at-start`` prints a traceback-like error and exits 1, as a server whose model
-does not load.
+``--fail-at-start`` prints a traceback, then 60 lines of shutdown chatter, and exits 1,
+as a server whose model does not load.
 """
 
 import argparse
@@ -91,6 +91,7 @@ def main() -> None:
     if args.fail_at_start:
         print('loading the model ...\nTraceback (most recent call last):\n  File "load.py"\n'
               f'ValueError: {args.model} is no model', flush=True)
+        print('\n'.join(f'shutting down worker {i}' for i in range(60)), flush=True)
         sys.exit(1)
     vocab = int(json.loads((Path(args.model) / 'config.json').read_text())['vocab_size'])
     server = ThreadingHTTPServer((args.host, args.port),

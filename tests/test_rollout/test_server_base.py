@@ -12,6 +12,7 @@
 import ast
 import socket
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -124,4 +125,45 @@ def test_the_third_engines_errors_come_from_the_base(tiny_model_dir, tmp_path):
                                                        extra_args=['--fail-at-start']))
     with pytest.raises(RuntimeError, match='exited with code 1 during startup') as err:
         failing.attach(None, None)
-    assert 'ValueError:' in str(err.value)
+    # the cause is 60 lines above the log's end, out of the quoted tail
+    cause, tail = str(err.value).split('; log ', 1)
+    assert cause.endswith(f'first error in its log: ValueError: {tiny_model_dir} is no model')
+    assert 'ValueError' not in tail and 'shutting down worker 59' in tail
+
+
+class _Hung:
+    """A stand-in for a hung server: the kernel takes its connections, nobody answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(('127.0.0.1', 0))
+        self.sock.listen(64)
+        self.url = f'http://127.0.0.1:{self.sock.getsockname()[1]}'
+
+
+def test_a_hung_server_costs_one_bounded_wait(tiny_model_dir, tmp_path, monkeypatch):
+    """A server that takes connections and answers nothing is waited for once (the full
+    probe); every later push gives it only the short probe, and says it is still hung."""
+    from gepo_xtuner.rollout.server import backend as base
+    monkeypatch.setattr(base, 'PROBE_TIMEOUT_S', 2.0)
+    monkeypatch.setattr(base, 'HUNG_PROBE_S', 0.1)
+    standin = CompletionsRolloutBackend(launch=_launch(tiny_model_dir, tmp_path))
+    standin.attach(None, None)
+    hung = _Hung()
+    backend = CompletionsRolloutBackend(
+        server_url=[standin.url, hung.url], timeout_s=10, retry_after_s=0,
+        weight_sync=dict(mode='files', shared_dir=str(tmp_path / 'weights')))
+    model, tok = load_policy(tiny_model_dir)
+    start = time.monotonic()
+    backend.attach(model, tok)
+    assert time.monotonic() - start >= 1.9  # the one full wait
+    for _ in range(2):
+        start = time.monotonic()
+        backend.update_weights(model)
+        assert time.monotonic() - start < 1.5
+    metrics = backend.pop_metrics()
+    assert metrics['rollout/server/0/ready'] == 1 and metrics['rollout/server/1/ready'] == 0
+    assert 'still hung' in backend._pool.servers[1].reason
+    backend.close()
+    standin.close()
+    hung.sock.close()

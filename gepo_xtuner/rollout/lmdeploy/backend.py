@@ -397,7 +397,7 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
         for s in pool.servers:
             if not s.ready:  # out, or new: only a server that answers healthy gets weights
                 self._drop_group(s)  # it may have restarted: its side of the group is gone
-                ok, why = is_ready(s.http, min(self.timeout_s, PROBE_TIMEOUT_S))
+                ok, why = self._probe(s)
                 if not ok:
                     out[s.index] = why
                     continue

@@ -39,6 +39,14 @@ ABORT_RESEND_S = (0.05, 1.0)
 
 #: how long one readiness probe of a running server may take at most
 PROBE_TIMEOUT_S = 30.0
+#: how long a later probe waits for a server that gave no answer before (a hung server
+#: costs one bounded wait, not the full probe on every later push)
+HUNG_PROBE_S = 2.0
+#: how long the resume after a failed pause may take (resuming is instant on a server
+#: that answers at all; a hung one must not cost a second ``timeout_s``)
+RESUME_AFTER_FAILURE_S = 10.0
+#: in the message of a request that got no answer in time (:class:`HTTPPool`'s wording)
+_NO_ANSWER = 'no answer within'
 
 
 class ServerBackendError(RuntimeError):
@@ -199,6 +207,7 @@ class ServerRolloutBackend(RolloutBackend):
         self._pool: ServerPool | None = None
         self._weight_dir = WeightDir(f'gepo_{self.ENGINE.lower()}_weights_')
         self._aborted = False
+        self._hung: set[int] = set()  # servers whose last probe or push got no answer
 
     # ------------------------------------------------------------- properties
     @property
@@ -271,6 +280,7 @@ class ServerRolloutBackend(RolloutBackend):
         if self.server is None or self.CHECK_LAUNCHED:
             for s in pool.servers:
                 ok, why = self._check_server(s)
+                self._note_answer(s.index, why)
                 if not ok:
                     pool.mark_out(s, why)
             if not pool.ready_servers():
@@ -451,8 +461,11 @@ class ServerRolloutBackend(RolloutBackend):
         for i, s in enumerate(pool.servers):
             if i in report['synced']:
                 pool.mark_synced(s, report['synced'][i])
+                self._note_answer(i, '')
             else:
-                pool.mark_out(s, report['out'].get(i, s.reason or 'missed a weight sync'))
+                why = report['out'].get(i, s.reason or 'missed a weight sync')
+                pool.mark_out(s, why)
+                self._note_answer(i, why)
         if count:
             self.num_updates += 1
         if not pool.ready_servers():
@@ -471,15 +484,39 @@ class ServerRolloutBackend(RolloutBackend):
 
     def _servers_to_push(self) -> list[tuple[Server, str | None]]:
         """Rank 0: every server, and why it cannot take weights now (None: it can): a
-        server that is out (or new) gets weights only once it answers healthy."""
+        server that is out (or new) gets weights only once it answers healthy
+        (:meth:`_probe`)."""
         out = []
         for s in self._pool.servers:
             why = None
             if not s.ready:
-                ok, reason = is_ready(s.http, min(self.timeout_s, PROBE_TIMEOUT_S))
+                ok, reason = self._probe(s)
                 why = None if ok else reason
             out.append((s, why))
         return out
+
+    def _probe(self, server: Server) -> tuple[bool, str]:
+        """Rank 0: whether an out server is ready again; and why not.
+
+        A server that gave no answer last time (hung: it takes connections and answers
+        nothing) is given :data:`HUNG_PROBE_S`, not the full probe time: it cost one
+        bounded wait already, and a server that is back answers ``/health`` at once.
+        """
+        hung = server.index in self._hung
+        timeout = min(self.timeout_s, HUNG_PROBE_S if hung else PROBE_TIMEOUT_S)
+        ok, why = is_ready(server.http, timeout)
+        self._note_answer(server.index, why)
+        if hung and not ok and _NO_ANSWER in why:
+            why += ' (it gave no answer before either: still hung)'
+        return ok, why
+
+    def _note_answer(self, index: int, why: str) -> None:
+        """Remembers whether server ``index`` answered (``why`` of its last failure;
+        ``''``: it answered)."""
+        if _NO_ANSWER in why:
+            self._hung.add(index)
+        else:
+            self._hung.discard(index)
 
     def _save_weight_files(self, model: nn.Module, step: int, shared_dir: str | None = None,
                            keep: int = 2, base_model: str | None = None) -> Path:
@@ -494,7 +531,8 @@ class ServerRolloutBackend(RolloutBackend):
         """``work()`` while ``server`` is paused (:meth:`_pause`, :meth:`_resume`).
 
         The server is resumed whatever failed (also a pause that timed out after it took
-        effect); an error of that resume does not hide the first one.
+        effect), within :data:`RESUME_AFTER_FAILURE_S`; an error of that resume does not
+        hide the first one.
         """
         http = server.http
         try:
@@ -502,7 +540,7 @@ class ServerRolloutBackend(RolloutBackend):
             result = work()
         except ServerRequestError:
             try:
-                self._resume(http, timeout_s, retries=0)
+                self._resume(http, min(timeout_s, RESUME_AFTER_FAILURE_S), retries=0)
             except ServerRequestError:
                 pass
             raise

@@ -8,6 +8,7 @@ engine (:attr:`ServerProcess.ENGINE`), fills the command template
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,8 @@ LAUNCH_KEYS: frozenset[str] = frozenset(
 
 #: how many lines of the log a startup failure quotes
 LOG_LINES = 40
+#: a log line that names an error (where the log holds no Python traceback)
+_ERROR_LINE = re.compile(r'\b\w*(Error|Exception)\b|\bFATAL\b|\berror:', re.IGNORECASE)
 
 
 def runs_remote_code(model: Any) -> bool:
@@ -192,7 +195,8 @@ class ServerProcess:
                     self.stop()  # workers it forked may still run
                     raise RuntimeError(
                         f'the {self.ENGINE} server ({" ".join(self._argv)}) exited with code '
-                        f'{code} during startup; log {self.log_file}:\n{self.log_tail()}')
+                        f'{code} during startup{self._cause()}; log {self.log_file}:\n'
+                        f'{self.log_tail()}')
                 try:
                     if client.get(f'{self.url}/health').status_code == 200:
                         return
@@ -202,8 +206,8 @@ class ServerProcess:
                     self.stop()
                     raise TimeoutError(
                         f'the {self.ENGINE} server at {self.url} was not healthy after '
-                        f'{self.startup_timeout_s:.0f} s (launch.startup_timeout_s); log '
-                        f'{self.log_file}:\n{self.log_tail()}')
+                        f'{self.startup_timeout_s:.0f} s (launch.startup_timeout_s)'
+                        f'{self._cause()}; log {self.log_file}:\n{self.log_tail()}')
                 time.sleep(0.2)
 
     def stop(self, grace_s: float = 30.0) -> None:
@@ -244,3 +248,32 @@ class ServerProcess:
         except (OSError, AttributeError):
             return '(no log)'
         return '\n'.join(text.splitlines()[-lines:])
+
+    def first_error(self) -> str | None:
+        """The first error of the latest start in the log, or None.
+
+        The cause of a failed start is often far above the log's tail (a server prints
+        its shutdown, or a retry loop, after the exception): this is the exception line
+        that ends the first Python traceback, or else the first line that names an
+        error. Only the lines after the latest start's command line count (the log is
+        appended to across restarts).
+        """
+        try:
+            lines = self.log_file.read_text(errors='replace').splitlines()
+        except (OSError, AttributeError):
+            return None
+        starts = [i for i, line in enumerate(lines) if line.startswith('$ ')]
+        lines = lines[starts[-1] + 1:] if starts else lines
+        for i, line in enumerate(lines):
+            if line.startswith('Traceback (most recent call last)'):
+                # the exception line: the first unindented line after the frames
+                for cause in lines[i + 1:]:
+                    if cause.strip() and not cause[0].isspace():
+                        return cause.strip()
+                return line.strip()
+        return next((line.strip() for line in lines if _ERROR_LINE.search(line)), None)
+
+    def _cause(self) -> str:
+        """``'; first error in its log: ...'``, or ``''`` where the log names none."""
+        cause = self.first_error()
+        return '' if cause is None else f'; first error in its log: {cause[:500]}'
