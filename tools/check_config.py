@@ -300,15 +300,8 @@ class Checker:
             self.problem('train_cfg', f'type {loop_cls.__name__} is not RLTrainLoop: '
                          'not an RL config of gepo_xtuner')
             return
-        if loop_cls is not None:
-            self.bind(loop_cls, loop, 'train_cfg', None, None)
         self.check_data(cfg.get('train_dataloader') or {}, DATASETS, DATA_SAMPLERS, FUNCTIONS)
-        from mmengine.config import ConfigDict
-
-        from gepo_xtuner.engine.loop import RLTrainLoop
-        loop = ConfigDict({**RLTrainLoop.defaults(), **loop})  # the loop's own defaults
         self.check_loop(loop)
-        self.check_batch(loop, cfg.get('optim_wrapper') or {})
         self.check_optim(cfg.get('optim_wrapper') or {}, OPTIM_WRAPPERS, OPTIMIZERS)
         hooks = [self.build(HOOKS, h, f'default_hooks.{k}')
                  for k, h in (cfg.get('default_hooks') or {}).items() if h is not None]
@@ -323,13 +316,21 @@ class Checker:
                                   else 'not installed here (needed for --deepspeed)')
 
     def check_model(self, model: dict | None, models) -> None:
-        import torch
-
-        from gepo_xtuner.registry import POLICY_LOSSES
+        """``model`` through the object the policy builds first
+        (:class:`~gepo_xtuner.model.settings.PolicySettings`: the same refusals, the same
+        messages), then its directories and whether it loads here."""
+        from gepo_xtuner.model.settings import PolicySettings
         cls = self.resolve(models, model, 'model')
         if cls is None:
             return
-        self.bind(cls, model, 'model')
+        settings = None
+        if getattr(cls, 'settings_class', None) is PolicySettings:
+            try:
+                settings = PolicySettings.from_dict(model)
+            except (TypeError, ValueError) as exc:
+                self.problem('model', exc)
+        else:  # another model class: its signature
+            self.bind(cls, model, 'model')
         name = self.cfg.get('policy_name')
         self.rows['policy'] = ((f'{name}: ' if name else '')
                                + self.path(model.get('pretrained'), 'model.pretrained', 'model'))
@@ -337,13 +338,9 @@ class Checker:
             self.rows['tokenizer'] = self.path(model.tokenizer, 'model.tokenizer', 'model')
         self.check_loading(model)
         self.policy_inputs(model)
-        dtype = model.get('torch_dtype', 'float32')
-        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-            self.problem('model.torch_dtype', f'{dtype!r} is not a torch dtype name')
-        self.rows['dtype'] = str(dtype)
-        loss = self.build(POLICY_LOSSES, model.get('policy_loss'), 'model.policy_loss')
-        if loss is not None:
-            self.rows['policy loss'] = describe(model.policy_loss, type(loss))
+        self.rows['dtype'] = str(model.get('torch_dtype', 'float32'))
+        if settings is not None:
+            self.rows['policy loss'] = describe(model.policy_loss, type(settings.build_loss()))
 
     def check_loading(self, model: dict) -> None:
         """Refuses a policy this environment cannot load (transformers version, the
@@ -391,79 +388,88 @@ class Checker:
             self.resolve(functions, loader.collate_fn, 'train_dataloader.collate_fn')
 
     def check_loop(self, loop: dict) -> None:
+        """``train_cfg`` through the object the loop builds first
+        (:class:`~gepo_xtuner.engine.train_cfg.TrainCfg`: the same refusals, the same
+        messages), then what it names: the processor, the backend, files and rewards.
+        A refusal leaves the other parts checked from the raw values."""
+        from mmengine.config import ConfigDict
+
+        from gepo_xtuner.engine.step.validation import ValSettings
+        from gepo_xtuner.engine.train_cfg import TrainCfg
         from gepo_xtuner.registry import ADVANTAGES, ROLLOUT_BACKENDS
         from gepo_xtuner.reward import RewardRouter
-        from gepo_xtuner.engine.loop_settings import LoopSettings
 
-        processor = self.build(ADVANTAGES, loop.get('advantage'), 'train_cfg.advantage')
+        settings = None
+        try:
+            settings = TrainCfg.from_dict(loop)
+        except (TypeError, ValueError) as exc:
+            self.problem('train_cfg', exc)
+        raw = ConfigDict({**TrainCfg.defaults(), **loop})
+        processor = self.build(ADVANTAGES, raw.get('advantage'), 'train_cfg.advantage')
         if processor is not None:
-            self.rows['algorithm'] = describe(loop.advantage, type(processor))
-        self.rows['K (responses per prompt)'] = str(loop.num_responses)
-        if processor is not None:
+            self.rows['algorithm'] = describe(raw.advantage, type(processor))
             from gepo_xtuner.engine.step.geometry import check_group_size
             try:  # the loop's own check
-                check_group_size(processor, loop.num_responses)
+                check_group_size(processor, raw.num_responses)
             except ValueError as exc:
                 self.problem('train_cfg', str(exc))
-        settings = None
-        try:  # the object the loop builds first (engine/loop_settings.py)
-            settings = LoopSettings.from_train_cfg(dict(loop))
+        self.rows['K (responses per prompt)'] = str(raw.num_responses)
+        if settings is not None:
             params = settings.sampling
             self.rows['sampling'] = (f'temperature {params.temperature}, top_p {params.top_p}, '
                                      f'top_k {params.top_k}, max_new_tokens '
                                      f'{params.max_new_tokens}')
-        except (TypeError, ValueError) as exc:
-            self.problem('train_cfg', exc)
-        val = loop.get('val')
-        if val:
-            from gepo_xtuner.engine.train_cfg import defaults
-            from gepo_xtuner.engine.step.validation import Validator
-            val = {**defaults(Validator.__init__), **val}  # the validator's own defaults
-            sets = []
-            read = dict(fields=val.get('fields'), default_domain=val.get('default_domain'))
-            if val.get('path') is not None:
-                sets.append(self.path(val['path'], 'train_cfg.val.path', 'file')
-                            + self.records(dict(path=val['path'], **read), 'train_cfg.val.path'))
-            for i, bench in enumerate(val.get('benchmarks') or []):
-                key = f'train_cfg.val.benchmarks[{i}]'
-                try:  # the validator's own check (it reads the file below)
-                    *_, how = Validator.check_benchmark(i, bench, read=read)
-                except ValueError as exc:
-                    self.problem('train_cfg', str(exc))
-                    how = dict(required=bench.get('required') if isinstance(bench, dict)
-                               else None, **read)
-                where = self.path(bench.get('path'), f'{key}.path', 'file') + self.records(
-                    dict(path=bench.get('path'), **how), f'{key}.path')
-                sets.append(f'{bench.get("name", "?")}: {where}')
-            if not sets:
-                self.problem('train_cfg.val', 'give path=... and/or benchmarks=[...]')
-            self.rows['validation'] = f'{"; ".join(sets)}, every {val["interval"]} steps'
-        self.rows['steps'] = str(loop.get('max_steps'))
-        rollout = self.build(ROLLOUT_BACKENDS, loop.get('rollout'), 'train_cfg.rollout')
+        val = settings.val if settings is not None else None
+        if settings is None and raw.get('val'):  # refused elsewhere: still check the files
+            try:
+                val = ValSettings.from_dict(raw.val)
+            except (TypeError, ValueError) as exc:
+                if not any(str(exc) in p for p in self.problems):
+                    self.problem('train_cfg', exc)
+        if val is not None:
+            self.check_val(val)
+        self.rows['steps'] = str(raw.get('max_steps'))
+        rollout = self.build(ROLLOUT_BACKENDS, raw.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:
-            self.rows['rollout'] = describe(loop.rollout)
+            self.rows['rollout'] = describe(raw.rollout)
             if settings is not None:
                 try:  # the loop's own checks against the built backend
                     settings.check_backend(rollout)
                 except ValueError as exc:
                     self.problem('train_cfg', exc)
-                if settings.max_staleness:
+                if settings.stage.max_staleness:
                     self.rows['rollout'] += ('; generation one batch ahead (max_staleness '
-                                             f'{settings.max_staleness})')
+                                             f'{settings.stage.max_staleness})')
             rollout.close()
-            self.check_sync_address(loop.rollout)
+            self.check_sync_address(raw.rollout)
         from gepo_xtuner.registry import REWARDS
-        rewards = loop.get('rewards') or {}
+        rewards = raw.get('rewards') or {}
         resolved = [self.resolve(REWARDS, fn, f'train_cfg.rewards.{domain}')
                     for domain, fn in rewards.items() if isinstance(fn, dict)]
-        if None in resolved:
-            return
-        try:
-            router = RewardRouter(rewards)
-            self.rows['rewards'] = ', '.join(f'{domain}: {type(fn).__name__}'
-                                             for domain, fn in router.fns.items())
-        except Exception as exc:  # noqa: BLE001 (a misconfigured reward)
-            self.problem('train_cfg.rewards', exc)
+        if None not in resolved:
+            try:
+                router = RewardRouter(rewards, route_by=raw.reward_route_by)
+                self.rows['rewards'] = ', '.join(f'{domain}: {type(fn).__name__}'
+                                                 for domain, fn in router.fns.items())
+            except Exception as exc:  # noqa: BLE001 (a misconfigured reward)
+                self.problem('train_cfg.rewards', exc)
+        self.check_batch(raw, self.cfg.get('optim_wrapper') or {})
+
+    def check_val(self, val: Any) -> None:
+        """The validation files of the checked ``train_cfg.val``, record by record."""
+        sets = []
+        if val.path is not None:
+            read = dict(fields=val.read.fields, default_domain=val.read.default_domain)
+            sets.append(self.path(val.path, 'train_cfg.val.path', 'file')
+                        + self.records(dict(path=val.path, **read), 'train_cfg.val.path'))
+        for i, bench in enumerate(val.benchmarks):
+            key = f'train_cfg.val.benchmarks[{i}]'
+            how = dict(required=bench.read.required, fields=bench.read.fields,
+                       default_domain=bench.read.default_domain)
+            where = self.path(bench.path, f'{key}.path', 'file') + self.records(
+                dict(path=bench.path, **how), f'{key}.path')
+            sets.append(f'{bench.name}: {where}')
+        self.rows['validation'] = f'{"; ".join(sets)}, every {val.interval} steps'
 
     def check_sync_address(self, rollout: dict) -> None:
         """A remote server cannot reach a weight-sync rendezvous on the trainer's loopback."""

@@ -20,8 +20,6 @@ from ..ops.multimodal import placeholder_token_ids
 from ..registry import ADVANTAGES, ROLLOUT_BACKENDS
 from ..reward import RewardRouter
 from ..rollout import RolloutRequest, SamplingParams
-from . import train_cfg
-from .loop_settings import LoopSettings
 from .runtime.logging import StageClock
 from .state.loop_state_hook import RLLoopStateHook
 from .state.run_state import (capture_rng, describe_changes, gather_rank_states, isolated_rng,
@@ -35,6 +33,7 @@ from .step.rollout_stage import build_rollout_stage
 from .step.update import NoSignalWatch, entropy_metrics, ppo_update
 from .step.update import old_logprobs as old_logprobs_of
 from .step.validation import Validator
+from .train_cfg import TrainCfg
 
 
 @LOOPS.register_module()
@@ -69,99 +68,53 @@ class RLTrainLoop(BaseLoop):
         dataloader: prompt dataloader config; its ``batch_size`` is B per rank and
             its ``collate_fn`` must keep records as a list of dicts
             (``list_collate``).
-        max_steps: RL steps to run.
-        rollout: rollout-backend config (:data:`~gepo_xtuner.registry.ROLLOUT_BACKENDS`).
-        advantage: advantage-processor config (:data:`~gepo_xtuner.registry.ADVANTAGES`).
-        rewards: domain -> reward config, see :class:`~gepo_xtuner.reward.RewardRouter`.
-        num_responses: K, responses per prompt.
-        sampling: :class:`~gepo_xtuner.rollout.SamplingParams` fields except ``n``;
-            ``stop_token_ids`` defaults to the tokenizer's EOS. The trainer scores
-            responses under ``softmax(logits / temperature)``; ``top_p`` < 1 and
-            ``top_k`` > 0 truncate the sampled distribution and are refused, as is
-            greedy decoding (temperature 0).
-        prompt_template: ``str.format`` template applied to each record's ``prompt``
-            (records with chat ``messages`` use the tokenizer's chat template instead).
-            Records with ``images`` go through the policy's processor, see
-            :mod:`gepo_xtuner.engine.step.prompt_encoding` and ``docs/multimodal.md``.
-        minibatch_responses_per_rank, ppo_epochs, max_tokens_per_micro_batch,
-        logprob_max_tokens_per_micro_batch, kept_rows, norm_length: how the update runs,
-            typed and documented once, in :class:`~gepo_xtuner.engine.step.update.UpdateSettings`.
-            The optimizer wrapper must not set ``accumulative_counts``: the loop accumulates.
-        val: optional :class:`~gepo_xtuner.engine.step.validation.Validator` arguments
-            (held-out files and benchmarks, ``interval``): validated before the first
-            step, every ``interval`` steps and after the last, with the step's metrics.
-        reward_route_by: the record field that picks the reward function,
-            ``'domain'`` (default) or ``'data_source'``.
-        prompts_per_step, minibatch_responses: the intended prompts per RL step and
-            responses per optimizer step over ALL ranks; when set, a world size that
-            does not split them evenly is refused (:class:`StepGeometry`).
-        max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs: generation
-            in turn (0, default) or one batch ahead (1), the importance weight between
-            the recomputed old policy and the one that sampled, and which logprobs give
-            the group entropy; typed and documented once, in
-            :class:`~gepo_xtuner.engine.loop_settings.LoopSettings`.
-        **unknown: keys the loop does not take: refused by :meth:`check_keys`, with
-            the key that replaced a renamed one, or the closest accepted key.
+        **train_cfg: the config's ``train_cfg`` keys, each one field of
+            :class:`~gepo_xtuner.engine.train_cfg.TrainCfg` (or of its parts), with its
+            default and help there; built and checked first thing, by the same call
+            ``tools/check_config.py`` makes. The optimizer wrapper must not set
+            ``accumulative_counts``: the loop accumulates.
     """
 
-    def __init__(self, runner, dataloader: Any, max_steps: int, rollout: dict, advantage: dict,
-                 rewards: dict, num_responses: int = 8, sampling: dict | None = None,
-                 prompt_template: str = '{prompt}', minibatch_responses_per_rank: int = 32,
-                 max_tokens_per_micro_batch: int | None = None,
-                 logprob_max_tokens_per_micro_batch: int | None = None, ppo_epochs: int = 1,
-                 val: dict | None = None, reward_route_by: str = 'domain',
-                 prompts_per_step: int | None = None, minibatch_responses: int | None = None,
-                 kept_rows: str = 'full_minibatches', norm_length: int | None = None,
-                 max_staleness: int = 0, behaviour_correction: str = 'auto',
-                 behaviour_cap: float = 2.0, entropy_logprobs: str = 'proximal',
-                 **unknown: Any) -> None:
-        self.check_keys(unknown)
+    def __init__(self, runner, dataloader: Any, **train_cfg: Any) -> None:
+        cfg = TrainCfg.from_dict(train_cfg)  # refused before anything is built
         super().__init__(runner, dataloader)
-        settings = LoopSettings.build(  # the same object tools/check_config.py builds
-            max_steps, num_responses, sampling, minibatch_responses_per_rank, ppo_epochs,
-            max_tokens_per_micro_batch, logprob_max_tokens_per_micro_batch, kept_rows,
-            norm_length, max_staleness, behaviour_correction, behaviour_cap, entropy_logprobs)
-        # checked now; completed with the tokenizer's EOS, the sampling temperature and the
-        # length cap in run()
-        self.loop_settings, self.update_settings = settings, settings.update
+        # completed with the tokenizer's EOS in run()
+        self.cfg = cfg
+        self.update_settings = cfg.update
         check_accumulation(runner.optim_wrapper)
-        self._max_iters = max_steps
+        self._max_iters = cfg.max_steps
         self._max_epochs = 1
         self._epoch = 0
         self._iter = 0
-        self.prompt_template = prompt_template
-        self.advantage = ADVANTAGES.build(advantage)
-        check_group_size(self.advantage, num_responses)
+        self.advantage = ADVANTAGES.build(cfg.advantage)
+        check_group_size(self.advantage, cfg.num_responses)
         prompts = getattr(self.dataloader, 'batch_size', None)  # None: sizes vary
-        warn_step_geometry(prompts, num_responses, minibatch_responses_per_rank, ppo_epochs,
-                           dist_world_size(), prompts_per_step, minibatch_responses)
+        warn_step_geometry(prompts, cfg.num_responses, cfg.update.minibatch_responses_per_rank,
+                           cfg.update.ppo_epochs, dist_world_size(), cfg.prompts_per_step,
+                           cfg.minibatch_responses)
         self.no_signal = NoSignalWatch()  # warns after steps without gradient signal
         self.step_metrics: dict[str, float] = {}  # what the current step logged
         self.stop_training = False  # a hook may end the run early (mmengine's convention)
         self.advantage_state: Any = self.advantage.init_state()  # None when stateless
-        self.rollout = ROLLOUT_BACKENDS.build(rollout)
-        lp_temperature = settings.check_backend(self.rollout)
-        self.rewards = RewardRouter(rewards, route_by=reward_route_by)
+        self.rollout = ROLLOUT_BACKENDS.build(cfg.rollout)
+        lp_temperature = cfg.check_backend(self.rollout)
+        self.rewards = RewardRouter(cfg.rewards, route_by=cfg.reward_route_by)
         # the rollout's logprobs under the trainer's distribution? (else no logprob gap metric)
-        self._rollout_comparable = lp_temperature == settings.sampling.temperature
+        self._rollout_comparable = lp_temperature == cfg.sampling.temperature
         self.sampling: SamplingParams | None = None
         self._placeholders: tuple[int, ...] = ()  # the policy's image placeholder tokens
-        self.validator = Validator(**val) if val else None
+        self.validator = Validator(cfg.val) if cfg.val else None
         for where, records in self._record_sets().items():  # scorable? fail now, not at step 1
             self.rewards.check_records(records, where)
         self.history: list[dict[str, float]] = []  # per-step metrics, checkpointed
         # what a checkpoint's steps mean; compared on --resume
-        self.settings = run_settings(num_responses=num_responses, prompts_per_rank=prompts,
-                                     minibatch_responses_per_rank=minibatch_responses_per_rank,
-                                     ppo_epochs=ppo_epochs, world_size=dist_world_size(),
-                                     max_steps=max_steps, advantage=advantage,
-                                     kept_rows=kept_rows, max_staleness=max_staleness)
+        self.settings = run_settings(cfg, prompts_per_rank=prompts, world_size=dist_world_size())
         self._rank_states: list[dict[str, Any]] | None = None  # every rank's, after a step
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
         # in turn or one batch ahead; the seed is read when used (--resume may replace it)
-        self.rollout_stage = build_rollout_stage(max_staleness, self.rollout,
+        self.rollout_stage = build_rollout_stage(cfg.stage, self.rollout,
                                                  self.dataloader_iterator, self.encode_requests,
                                                  lambda: self.runner.seed)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
@@ -170,13 +123,8 @@ class RLTrainLoop(BaseLoop):
     @classmethod
     def check_keys(cls, keys: Iterable[str]) -> None:
         """Refuses ``train_cfg`` keys the loop does not take, saying what was meant
-        (:func:`~gepo_xtuner.engine.train_cfg.check_keys`)."""
-        train_cfg.check_keys(cls.__init__, keys)
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """``train_cfg`` key -> default, read from this constructor (the one place)."""
-        return train_cfg.defaults(cls.__init__)
+        (:meth:`~gepo_xtuner.engine.train_cfg.TrainCfg.check_keys`)."""
+        TrainCfg.check_keys(keys)
 
     # what mmengine's runner and hooks read of a loop
     max_epochs = property(lambda self: self._max_epochs)
@@ -211,8 +159,7 @@ class RLTrainLoop(BaseLoop):
         self.rollout.attach(policy.llm, tokenizer)
         self.rollout_stage.start()
         self._placeholders = placeholder_token_ids(getattr(policy.llm, 'config', None))
-        self.sampling = self.loop_settings.sampling_for(tokenizer.eos_token_id)
-        self.update_settings = self.loop_settings.update_for(self.sampling)
+        self.sampling = self.cfg.sampling_for(tokenizer.eos_token_id)
         if policy.policy_loss.agg == 'seq-mean-token-sum-norm':
             print_log(f'the policy loss divides by the constant length '
                       f'{self.update_settings.norm_length} (train_cfg.norm_length; default '
@@ -263,7 +210,7 @@ class RLTrainLoop(BaseLoop):
         """
         policy = self.policy
         processor = getattr(policy, 'processor', None)
-        return [encode_request(r, policy.tokenizer, processor, self.prompt_template)
+        return [encode_request(r, policy.tokenizer, processor, self.cfg.prompt_template)
                 for r in records]
 
     # -- run state -----------------------------------------------------------------------
@@ -385,7 +332,7 @@ class RLTrainLoop(BaseLoop):
         batch, rows = rollouts.batch, rollouts.row_records
         old_logprobs, entropy = old_logprobs_of(self.policy, batch, self.update_settings)
         domain_ids, names = encode_domains([r['domain'] for r in rows])
-        group_logprobs = (old_logprobs if self.loop_settings.entropy_logprobs == 'proximal'
+        group_logprobs = (old_logprobs if self.cfg.entropy_logprobs == 'proximal'
                           else batch.rollout_logprobs)
         adv = self.advantage(
             AdvantageInputs(rewards=rewards, group_ids=batch.group_index, logprobs=group_logprobs,

@@ -1,57 +1,288 @@
-"""The keys ``train_cfg`` takes: refusing unknown ones, and every default in one place.
+"""``train_cfg``: the RL loop's settings as one typed, frozen object, built once.
 
-The RL loop's constructor signature is the one source of ``train_cfg``'s keys and
-defaults; tools that read a config (``tools/check_config.py``) ask for them here
-instead of keeping copies.
+:meth:`TrainCfg.from_dict` is the one reader of a config's ``train_cfg``: it refuses
+unknown keys (naming the closest one), checks every value, and builds the typed parts
+the loop's stages take. :class:`~gepo_xtuner.engine.loop.RLTrainLoop`,
+``tools/check_config.py``, the checkpointed run settings
+(:func:`~gepo_xtuner.engine.state.run_state.run_settings`) and the rollout-stage builder
+all read this object, so a value the run refuses is refused by the check too, with the
+same message. The checks that need the built rollout backend are one method,
+:meth:`TrainCfg.check_backend`, which both call.
+
+The config stays flat, as users write it (``train_cfg = dict(max_steps=..., ppo_epochs=...,
+max_staleness=...)``); each key belongs to one field:
+
+* the fields of :class:`TrainCfg` itself (``sampling`` becomes a
+  :class:`~gepo_xtuner.rollout.SamplingParams`, ``val`` a
+  :class:`~gepo_xtuner.engine.step.validation.ValSettings`);
+* the fields of its parts :class:`~gepo_xtuner.engine.step.update.UpdateSettings`
+  (``update``: how the trainer side runs) and :class:`StageSettings` (``stage``: how
+  rollouts are produced relative to the update), taken by name.
+
+A new key is one field with a default and an ``Attributes:`` entry in its class's
+docstring (the help text :meth:`TrainCfg.help` returns); a derived field (not a key) is
+marked ``metadata={'key': False}``.
 """
 
-import difflib
-import inspect
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ['RENAMED_KEYS', 'accepted_keys', 'check_keys', 'defaults']
+from ..rollout import SamplingParams
+from ..settings import check_types, docstring_attributes, field_defaults, refuse_unknown
+from .step.update import (UpdateSettings, behaviour_refusal, check_training_sampling,
+                          resolve_behaviour_correction)
+from .step.validation import ValSettings
 
-#: ``train_cfg`` keys of earlier versions -> the key that replaced them (refused with
-#: the new name, see :func:`check_keys`).
+__all__ = ['TrainCfg', 'StageSettings', 'RENAMED_KEYS']
+
+#: ``train_cfg`` keys of earlier versions -> the key that replaced them.
 RENAMED_KEYS = {'minibatch_size': 'minibatch_responses_per_rank'}
 
-#: Constructor arguments that are not ``train_cfg`` keys.
-NOT_KEYS = ('self', 'runner', 'dataloader')
+#: metadata of a field that is computed, not read from the config
+DERIVED = {'key': False}
+#: metadata of a field whose own fields are ``train_cfg`` keys
+PART = {'part': True}
 
 
-def accepted_keys(init: Callable[..., Any]) -> list[str]:
-    """The keyword arguments ``init`` takes (its ``**kwargs`` and non-config ones left out)."""
-    params = inspect.signature(init).parameters
-    return [name for name, p in params.items()
-            if p.kind is not p.VAR_KEYWORD and name not in NOT_KEYS]
+@dataclass(frozen=True)
+class StageSettings:
+    """How rollouts are produced relative to the update
+    (:mod:`~gepo_xtuner.engine.step.rollout_stage`).
 
-
-def defaults(init: Callable[..., Any]) -> dict[str, Any]:
-    """``key -> default`` of every optional argument of ``init``."""
-    params = inspect.signature(init).parameters
-    return {name: params[name].default for name in accepted_keys(init)
-            if params[name].default is not inspect.Parameter.empty}
-
-
-def check_keys(init: Callable[..., Any], keys: Iterable[str]) -> None:
-    """Refuses ``keys`` that ``init`` does not take, saying what was meant.
-
-    Raises:
-        TypeError: for each unknown key, the key that replaced it
-            (:data:`RENAMED_KEYS`) or the closest key ``init`` takes.
+    Attributes:
+        max_staleness: 0 (default): generate, then train, strictly in turn. 1: generate
+            the next step's responses on a worker thread while this step is scored and
+            trained; each batch is then one weight version old (``rollout/staleness``).
+            Needs a backend that can overlap (not LMDeploy's colocated sleep/wake mode).
     """
-    accepted = accepted_keys(init)
-    unknown = [key for key in keys if key not in accepted and key != 'type']
-    if not unknown:
-        return
-    hints = []
-    for key in unknown:
-        if key in RENAMED_KEYS:
-            hints.append(f'train_cfg.{key} was renamed: use train_cfg.{RENAMED_KEYS[key]}')
-        elif close := difflib.get_close_matches(key, accepted, n=1):
-            hints.append(f'did you mean train_cfg.{close[0]}?')
-    names = ', '.join(repr(key) for key in unknown)
-    plural = 's' if len(unknown) > 1 else ''
-    raise TypeError(f'got an unexpected keyword argument{plural} {names}'
-                    + (f' ({"; ".join(hints)})' if hints else ''))
+
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_staleness not in (0, 1):
+            raise ValueError(
+                f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
+                f'next batch while this one trains), got {self.max_staleness!r}: the loop runs '
+                'generation at most one batch ahead, since it pushes weights only between '
+                'generations')
+
+
+@dataclass(frozen=True)
+class TrainCfg:
+    """The RL loop's ``train_cfg``, checked (keys and defaults as the config takes them).
+
+    Attributes:
+        max_steps: RL steps to run (>= 1); required.
+        rollout: rollout-backend config (:data:`~gepo_xtuner.registry.ROLLOUT_BACKENDS`);
+            required.
+        advantage: advantage-processor config (:data:`~gepo_xtuner.registry.ADVANTAGES`);
+            required.
+        rewards: domain -> reward config (:class:`~gepo_xtuner.reward.RewardRouter`);
+            required.
+        num_responses: K, responses per prompt (>= 1).
+        sampling: :class:`~gepo_xtuner.rollout.SamplingParams` fields except ``n`` (which
+            is ``num_responses``); ``stop_token_ids`` defaults to the tokenizer's EOS. The
+            trainer scores responses under ``softmax(logits / temperature)``, so
+            ``top_p`` < 1, ``top_k`` > 0 and greedy decoding (temperature 0) are refused.
+        prompt_template: ``str.format`` template applied to each record's ``prompt``
+            (records with chat ``messages`` use the tokenizer's chat template; records
+            with ``images`` go through the policy's processor, ``docs/multimodal.md``).
+        val: held-out validation (:class:`~gepo_xtuner.engine.step.validation.ValSettings`:
+            files and benchmarks, their sampling, ``interval``); None: none.
+        reward_route_by: the record field that picks the reward function, ``'domain'``
+            or ``'data_source'``.
+        prompts_per_step: the intended prompts per RL step over all ranks; when set, a
+            world size that does not split it evenly is refused.
+        minibatch_responses: the intended responses per optimizer step over all ranks;
+            checked like ``prompts_per_step``.
+        behaviour_correction: the importance weight between the recomputed (proximal)
+            old policy and the policy that sampled: ``'auto'`` (``'truncate'`` with
+            ``max_staleness`` 1, else ``'none'``), ``'none'``, ``'truncate'`` or
+            ``'mask'`` (:class:`~gepo_xtuner.engine.step.update.UpdateSettings`, which
+            holds the resolved value). Needs the rollout's logprobs at the sampling
+            temperature (:meth:`check_backend`).
+        entropy_logprobs: which sampled-token logprobs give GEPO's group entropy (and
+            any processor's ``AdvantageInputs.logprobs``): ``'proximal'`` (the
+            recomputed old logprobs, the policy being shaped) or ``'behaviour'`` (the
+            rollout engine's, the policy that sampled); ``docs/training.md``.
+        update: how the trainer side runs; its keys (``minibatch_responses_per_rank``,
+            ``ppo_epochs``, ...) are ``train_cfg`` keys of their own
+            (:class:`~gepo_xtuner.engine.step.update.UpdateSettings`).
+        stage: how rollouts are produced; its keys (``max_staleness``) are ``train_cfg``
+            keys of their own (:class:`StageSettings`).
+        stop_token_ids: the configured ``sampling.stop_token_ids``; None: the
+            tokenizer's EOS (:meth:`sampling_for`). Derived.
+    """
+
+    max_steps: int
+    rollout: dict
+    advantage: dict
+    rewards: dict
+    num_responses: int = 8
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(n=8))
+    prompt_template: str = '{prompt}'
+    val: ValSettings | None = None
+    reward_route_by: str = 'domain'
+    prompts_per_step: int | None = None
+    minibatch_responses: int | None = None
+    behaviour_correction: str = 'auto'
+    entropy_logprobs: str = 'proximal'
+    update: UpdateSettings = field(default_factory=UpdateSettings, metadata=PART)
+    stage: StageSettings = field(default_factory=StageSettings, metadata=PART)
+    stop_token_ids: tuple[int, ...] | None = field(default=None, metadata=DERIVED)
+
+    # -- the keys --------------------------------------------------------------------------
+    @classmethod
+    def _key_fields(cls) -> dict[str, tuple[str | None, dataclasses.Field]]:
+        """``key -> (part field or None, the field that owns the key)``."""
+        out: dict[str, tuple[str | None, dataclasses.Field]] = {}
+        for f in dataclasses.fields(cls):
+            if f.metadata.get('part'):
+                for sub in dataclasses.fields(_PARTS[f.name]):
+                    if sub.metadata.get('key', True):
+                        out[sub.name] = (f.name, sub)
+            elif f.metadata.get('key', True):
+                out[f.name] = (None, f)
+        return out
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Every ``train_cfg`` key (``type`` aside)."""
+        return list(cls._key_fields())
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``key -> default`` as the config writes it (``sampling``: ``{}``)."""
+        out: dict[str, Any] = {}
+        for key, (part, f) in cls._key_fields().items():
+            owner = _PARTS[part] if part else cls
+            if key in _RAW_DEFAULTS:
+                out[key] = _RAW_DEFAULTS[key]
+            elif key in (d := field_defaults(owner)):
+                out[key] = d[key]
+        return out
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """``key -> help text``, from the docstring of the class that owns the key."""
+        docs = {None: docstring_attributes(cls)}
+        docs.update({name: docstring_attributes(part) for name, part in _PARTS.items()})
+        return {key: docs[part].get(key, '') for key, (part, _) in cls._key_fields().items()}
+
+    @classmethod
+    def check_keys(cls, keys: Iterable[str]) -> None:
+        """Refuses keys ``train_cfg`` does not take (``type`` is the loop's).
+
+        Raises:
+            TypeError: each unknown key with the key that replaced it
+                (:data:`RENAMED_KEYS`) or the closest accepted key.
+        """
+        refuse_unknown('train_cfg', [k for k in keys if k != 'type'], cls.keys(), RENAMED_KEYS)
+
+    # -- building --------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> 'TrainCfg':
+        """Checks a config's ``train_cfg`` and builds the object (defaults for the keys it
+        omits).
+
+        Raises:
+            TypeError: an unknown key, a missing required one, or a value of the wrong
+                type, naming the key.
+            ValueError: a value the loop does not take, naming the key and what to use.
+        """
+        cfg = {k: v for k, v in dict(cfg).items() if k != 'type'}
+        cls.check_keys(cfg)
+        fields = cls._key_fields()
+        missing = [k for k, (part, f) in fields.items() if part is None
+                   and cfg.get(k) is None and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise TypeError(f'train_cfg needs {", ".join(missing)}')
+        values = {**cls.defaults(), **cfg}
+        check_types('train_cfg', cls, {k: v for k, v in values.items()
+                                       if fields[k][0] is None and k not in ('sampling', 'val')})
+        for name, part in _PARTS.items():
+            check_types('train_cfg', part, {k: v for k, v in values.items()
+                                            if fields[k][0] == name})
+        if min(values['max_steps'], values['num_responses']) < 1:
+            raise ValueError('train_cfg.max_steps and train_cfg.num_responses must be >= 1, '
+                             f'got {values["max_steps"]}, {values["num_responses"]}')
+        if values['entropy_logprobs'] not in ('proximal', 'behaviour'):
+            raise ValueError("train_cfg.entropy_logprobs must be 'proximal' or 'behaviour', "
+                             f'got {values["entropy_logprobs"]!r}')
+        if values['reward_route_by'] not in ('domain', 'data_source'):
+            raise ValueError("train_cfg.reward_route_by must be 'domain' or 'data_source', "
+                             f'got {values["reward_route_by"]!r}')
+        for key in ('prompts_per_step', 'minibatch_responses'):
+            if values[key] is not None and values[key] < 1:
+                raise ValueError(f'train_cfg.{key} must be >= 1 or None, got {values[key]!r}')
+        sampling, stop = _sampling(values['sampling'], values['num_responses'])
+        part = {name: {k: v for k, v in values.items() if fields[k][0] == name}
+                for name in _PARTS}
+        stage = _PARTS['stage'](**part['stage'])
+        correction = resolve_behaviour_correction(values['behaviour_correction'],
+                                                  stage.max_staleness)
+        update = _PARTS['update'](**{
+            **part['update'],
+            # every logprob of the step is one of softmax(logits / temperature), and the
+            # loss's constant length defaults to the generation cap
+            'temperature': sampling.temperature,
+            'norm_length': (sampling.max_new_tokens if values['norm_length'] is None
+                            else values['norm_length']),
+            'behaviour_correction': correction})
+        val = values['val']
+        own = {k: v for k, v in values.items() if fields[k][0] is None}
+        return cls(**{**own, 'sampling': sampling, 'stop_token_ids': stop,
+                      'val': ValSettings.from_dict(val) if val else None,
+                      'update': update, 'stage': stage})
+
+    def sampling_for(self, eos_token_id: int) -> SamplingParams:
+        """The run's sampling parameters: the configured stop ids, else the tokenizer's
+        ``eos_token_id``."""
+        stop = self.stop_token_ids if self.stop_token_ids is not None else (eos_token_id, )
+        return replace(self.sampling, stop_token_ids=stop)
+
+    def check_backend(self, rollout: Any) -> float:
+        """The refusals that need the built rollout backend: generation ahead that it
+        cannot do, logprobs at a temperature an off-policy correction cannot use.
+
+        Returns:
+            The temperature of the backend's logprobs for this sampling.
+
+        Raises:
+            ValueError: saying why and what to change.
+        """
+        if self.stage.max_staleness:
+            rollout.check_overlap()
+        temperature = rollout.logprob_temperature(self.sampling)
+        refusal = behaviour_refusal(temperature, self.sampling,
+                                    self.update.behaviour_correction, self.entropy_logprobs)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return temperature
+
+
+#: part field -> its class
+_PARTS: dict[str, type] = {'update': UpdateSettings, 'stage': StageSettings}
+#: keys whose config form differs from the typed default
+_RAW_DEFAULTS: dict[str, Any] = {'sampling': {}}
+
+
+def _sampling(cfg: Mapping[str, Any] | None, n: int
+              ) -> tuple[SamplingParams, tuple[int, ...] | None]:
+    """``train_cfg.sampling`` as :class:`~gepo_xtuner.rollout.SamplingParams` (``n`` set,
+    no stop ids) and the configured stop ids (None: the tokenizer's EOS)."""
+    if cfg is not None and not isinstance(cfg, Mapping):
+        raise TypeError(f'train_cfg.sampling must be a dict of SamplingParams fields, got '
+                        f'{cfg!r}')
+    cfg = dict(cfg or {})
+    refuse_unknown('train_cfg.sampling', cfg, [f.name for f in dataclasses.fields(SamplingParams)])
+    if cfg.get('n', n) != n:
+        raise ValueError(f'train_cfg.sampling.n is {cfg["n"]!r} but train_cfg.num_responses is '
+                         f'{n}: the group size is num_responses; leave sampling.n out')
+    stop = cfg.pop('stop_token_ids', None)
+    params = SamplingParams(**{**cfg, 'n': n, 'stop_token_ids': ()})
+    check_training_sampling(params)
+    return params, None if stop is None else tuple(stop)

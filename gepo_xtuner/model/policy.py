@@ -16,17 +16,15 @@ from mmengine.registry import MODELS
 from torch import Tensor
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase
 
-from ..loss.base import PolicyLoss
 from ..loss.kl import reference_kl_loss
 from ..ops.multimodal import MMInputs, mm_to
 from ..ops.token import gather_logprobs, token_entropy
-from ..registry import POLICY_LOSSES
+from ..settings import refuse_unknown
+from .families import TEXT_MODEL_CLASS  # noqa: F401  (re-exported)
 from .inputs import LossInputs
 from .packing import (PackedRows, pack_rows, packed_sequences, restore_attention,
                       use_packed_attention)
-
-from .families import TEXT_MODEL_CLASS  # noqa: E402  (re-exported)
-PACKING_MODES = ('auto', 'on', 'off')
+from .settings import MODEL_KEYS, PACKING_MODES, PolicySettings  # noqa: F401  (re-exported)
 
 
 @MODELS.register_module()
@@ -47,91 +45,57 @@ class RLPolicy(BaseModel):
     Args:
         pretrained: Hugging Face model directory (or hub id where reachable).
         policy_loss: config of a :data:`~gepo_xtuner.registry.POLICY_LOSSES` entry.
-        tokenizer: tokenizer directory; defaults to the processor's tokenizer, else
-            ``pretrained``.
-        torch_dtype: parameter dtype, e.g. ``'float32'`` or ``'bfloat16'``.
-        model_class: the ``from_pretrained`` class: a ``transformers`` name
-            (default ``'AutoModelForCausalLM'``; e.g. ``'AutoModelForImageTextToText'``,
-            ``'Qwen2VLForConditionalGeneration'``) or an importable
-            ``'package.module.Class'``.
-        trust_remote_code: allow the model's own code (models such as Intern-S1-mini
-            ship their classes with the checkpoint); passed to model, tokenizer and
-            processor loading.
-        processor: directory of the model's ``AutoProcessor`` (tokenizer + image
-            processor). Defaults to ``pretrained`` when ``model_class`` is not
-            ``'AutoModelForCausalLM'``; text models load none.
-        gradient_checkpointing: recompute activations in backward (less memory,
-            about a third more compute).
-        kl_coef: weight ``beta`` of a KL penalty to the initial weights (a frozen copy
-            of ``pretrained``): the loss becomes ``L_policy + beta * KL_k3``
-            (:func:`~gepo_xtuner.loss.kl.reference_kl_loss`, reduced like the policy
-            loss), costing one extra no-grad forward per micro-batch. Default 0 (no
-            reference model is loaded), as in GEPO's objective; GRPO's original
-            objective uses one. Logged as ``loss/kl_ref``.
-        packing: padding-free passes (:mod:`gepo_xtuner.model.packing`): each
-            text-only micro-batch runs as ONE row of its real tokens, positions
-            restarting per sequence and attention kept within each sequence, so no
-            compute goes to padding; logprobs, entropies and gradients equal the
-            padded path's. ``'auto'`` (default) packs when the model supports it
-            (attention through ``transformers``' attention-function table, attention
-            layers only, no sliding window) and a two-sequence probe at start-up
-            confirms it; ``'on'`` raises where ``'auto'`` would not pack; ``'off'``
-            always runs the padded ``[left-padded prompt | right-padded response]``
-            block. Batches with images always take the padded path. Why packing was
-            declined is in ``packing_problem``; ``packs`` says whether it is on.
-        pad_token: the token that fills padding, for tokenizers without one (Llama
-            family). Default: the tokenizer's own pad token, else its EOS token (with
-            a log line). Padding is always masked, so its identity only matters for
-            a token the model must never see as a real one.
+        data_preprocessor, init_cfg: mmengine's ``BaseModel`` arguments.
+        **options: the other keys of the ``model`` config, each one field of
+            :class:`~gepo_xtuner.model.settings.PolicySettings` (tokenizer, dtype,
+            model class, processor, KL, packing, ...), with its default and help there;
+            checked before any weights load, by the same call ``tools/check_config.py``
+            makes.
+
+    Attributes:
+        settings: the checked :class:`~gepo_xtuner.model.settings.PolicySettings`.
+        packs: whether text-only micro-batches run packed.
+        packing_problem: why packing was declined (None when it is on).
     """
 
-    def __init__(self, pretrained: str, policy_loss: dict, tokenizer: str | None = None,
-                 torch_dtype: str = 'float32', model_class: str = TEXT_MODEL_CLASS,
-                 trust_remote_code: bool = False, processor: str | None = None,
-                 gradient_checkpointing: bool = False, kl_coef: float = 0.0,
-                 packing: str = 'auto',
-                 pad_token: str | None = None, data_preprocessor: dict | None = None,
-                 init_cfg: dict | None = None) -> None:
+    #: the object this class's options build (tools/check_config.py builds it too)
+    settings_class = PolicySettings
+
+    def __init__(self, pretrained: str, policy_loss: dict,
+                 data_preprocessor: dict | None = None, init_cfg: dict | None = None,
+                 **options: Any) -> None:
+        settings = PolicySettings.from_dict(dict(options, pretrained=pretrained,
+                                                 policy_loss=policy_loss))
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
-        if packing not in PACKING_MODES:
-            raise ValueError(f'model.packing must be one of {PACKING_MODES}, got {packing!r}')
-        if processor is None and model_class != TEXT_MODEL_CLASS:
-            processor = pretrained
-        for what, path in (('model', pretrained), ('tokenizer', tokenizer),
+        self.settings = settings
+        processor = settings.processor_dir
+        for what, path in (('model', pretrained), ('tokenizer', settings.tokenizer),
                            ('processor', processor)):
             if path is not None:
                 check_local_dir(what, path)
-        if not hasattr(torch, torch_dtype):
-            raise ValueError(f"torch_dtype {torch_dtype!r} is not a torch dtype; use e.g. "
-                             "'float32' or 'bfloat16'")
-        if not (isinstance(kl_coef, (int, float)) and kl_coef >= 0):
-            raise ValueError(f'kl_coef must be a number >= 0, got {kl_coef!r}')
-        loss_fn = POLICY_LOSSES.build(policy_loss)  # checks its arguments before the model loads
-        if not isinstance(loss_fn, PolicyLoss):
-            raise TypeError(f'model.policy_loss: {type(loss_fn).__name__} must subclass '
-                            'gepo_xtuner.loss.PolicyLoss (implement per_token; the base class '
-                            'aggregates, reports metrics and holds the checkpointed state)')
-        remote = {'trust_remote_code': trust_remote_code}
-        self.llm = resolve_model_class(model_class).from_pretrained(
-            pretrained, torch_dtype=getattr(torch, torch_dtype), **remote)
+        loss_fn = settings.build_loss()
+        remote = {'trust_remote_code': settings.trust_remote_code}
+        dtype = getattr(torch, settings.torch_dtype)
+        model_class = resolve_model_class(settings.model_class)
+        self.llm = model_class.from_pretrained(pretrained, torch_dtype=dtype, **remote)
         self.processor = None if processor is None else load_processor(processor, remote)
-        if tokenizer is None and self.processor is not None:
+        if settings.tokenizer is None and self.processor is not None:
             self.tokenizer = self.processor.tokenizer
         else:
-            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or pretrained, **remote)
-        set_pad_token(self.tokenizer, pad_token)
-        if gradient_checkpointing:
+            self.tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or pretrained,
+                                                           **remote)
+        set_pad_token(self.tokenizer, settings.pad_token)
+        if settings.gradient_checkpointing:
             # non-reentrant: works whether or not the inputs (token ids) require grad
             self.llm.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={'use_reentrant': False})
         self.policy_loss = loss_fn
-        self.kl_coef = float(kl_coef)
+        self.kl_coef = float(settings.kl_coef)
         # The reference stays outside the module tree: not in checkpoints (it is
         # `pretrained` again on resume), not in the optimizer, not wrapped by DDP.
         self._reference: tuple[torch.nn.Module, ...] = ()
         if self.kl_coef > 0:
-            ref = resolve_model_class(model_class).from_pretrained(
-                pretrained, torch_dtype=getattr(torch, torch_dtype), **remote)
+            ref = model_class.from_pretrained(pretrained, torch_dtype=dtype, **remote)
             self._reference = (ref.eval().requires_grad_(False), )
         params = inspect.signature(self.llm.forward).parameters
         self._keep_arg = next((k for k in ('logits_to_keep', 'num_logits_to_keep') if k in params),
@@ -139,11 +103,17 @@ class RLPolicy(BaseModel):
         self._rope_index = find_rope_index(self.llm)
         self.packs = False  # whether text-only micro-batches run packed
         self.packing_problem: str | None = 'model.packing is off'
-        if packing != 'off':
+        if settings.packing != 'off':
             self.packing_problem = self._enable_packing()
-            if self.packing_problem is not None and packing == 'on':
+            if self.packing_problem is not None and settings.packing == 'on':
                 raise ValueError(f"model.packing='on' but {self.packing_problem}; use "
                                  "packing='auto' (padded fallback) or 'off'")
+
+    @classmethod
+    def check_keys(cls, keys: Any) -> None:
+        """Refuses ``model`` keys the policy does not take, with the closest one."""
+        refuse_unknown('model', [k for k in keys if k not in MODEL_KEYS],
+                       PolicySettings.keys())
 
     def _enable_packing(self) -> str | None:
         """Switches to packed passes if supported; returns why not (None: packing is on)."""

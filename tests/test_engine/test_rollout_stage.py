@@ -8,6 +8,7 @@ import pytest
 
 from gepo_xtuner.engine.step.rollout_stage import (RolloutStage, RolloutStageAhead,
                                                    build_rollout_stage)
+from gepo_xtuner.engine.train_cfg import StageSettings
 from gepo_xtuner.rollout import RolloutRequest, RolloutSample, SamplingParams
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, stop_token_ids=(2, ), seed=0)
@@ -59,7 +60,7 @@ def make(max_staleness: int):
     backend = CountingBackend()
     source = ([dict(id=10 * step)] for step in itertools.count())
     encode = (lambda records: [RolloutRequest([r['id']]) for r in records])
-    return build_rollout_stage(max_staleness, backend, source, encode, lambda: 0), backend
+    return build_rollout_stage(StageSettings(max_staleness), backend, source, encode, lambda: 0), backend
 
 
 def test_in_turn_each_step_samples_its_records_with_the_last_pushed_weights():

@@ -16,11 +16,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gepo_xtuner.analysis.curves import _series
 from gepo_xtuner.engine.step.prompt_encoding import encode_request
-from gepo_xtuner.engine.step.validation import Validator
+from gepo_xtuner.engine.step.validation import Validator, ValSettings
 from gepo_xtuner.reward import RewardRouter
 from gepo_xtuner.rollout import HFRolloutBackend, SamplingParams
 
 from .conftest import scalars, train, write_config
+
+
+def make_validator(**val) -> Validator:
+    """The validator a run builds from ``train_cfg.val = dict(**val)``."""
+    return Validator(ValSettings.from_dict(val))
 
 
 pytestmark = pytest.mark.usefixtures('one_thread')  # tests/conftest.py
@@ -63,7 +68,7 @@ def write(path: Path, records: list[dict]) -> str:
 
 def test_single_file_form_logs_each_domain_as_before(tiny_dir):
     parts = loop_parts(tiny_dir / 'model', lambda c, r: float(r['domain'] == 'copy'))
-    metrics = Validator(path=str(tiny_dir / 'data' / 'val.jsonl'), interval=3).run(**vars(parts))
+    metrics = make_validator(path=str(tiny_dir / 'data' / 'val.jsonl'), interval=3).run(**vars(parts))
     assert metrics == {'val/add/acc': 0.0, 'val/copy/acc': 1.0, 'val/mul/acc': 0.0,
                        'val/sort/acc': 0.0, 'val/acc': 0.25}
 
@@ -73,7 +78,7 @@ def test_benchmarks_average_n_samples_and_follow_their_sampling(tiny_dir, tmp_pa
     letters = [r for r in val if r['domain'] in ('copy', 'sort')]
     reward = Recorder()
     parts = loop_parts(tiny_dir / 'model', reward)
-    validator = Validator(interval=2, benchmarks=[
+    validator = make_validator(interval=2, benchmarks=[
         dict(name='letters', path=write(tmp_path / 'letters.jsonl', letters), n=2,
              temperature=1.0),
         dict(name='greedy', path=str(tiny_dir / 'data' / 'val.jsonl'), max_new_tokens=3)])
@@ -108,7 +113,7 @@ def test_benchmarks_average_n_samples_and_follow_their_sampling(tiny_dir, tmp_pa
 def test_parquet_benchmark_and_defaults_from_the_top_level(tiny_dir, tmp_path):
     val = read(tiny_dir / 'data' / 'val.jsonl')
     pd.DataFrame(val).to_parquet(tmp_path / 'val.parquet')
-    validator = Validator(interval=1, n=3, temperature=0.7, benchmarks=[
+    validator = make_validator(interval=1, n=3, temperature=0.7, benchmarks=[
         dict(name='pq', path=str(tmp_path / 'val.parquet')),
         dict(name='one', path=str(tiny_dir / 'data' / 'val.jsonl'), n=1, temperature=0.0)])
     pq, one = validator.sets
@@ -140,7 +145,7 @@ def test_bad_configuration_says_what_to_fix(tiny_dir, kwargs, message):
     val = str(tiny_dir / 'data' / 'val.jsonl')
     kwargs = json.loads(json.dumps(kwargs).replace('{val}', val))
     with pytest.raises(ValueError, match=message):
-        Validator(**kwargs)
+        make_validator(**kwargs)
 
 
 def test_training_logs_each_benchmark_at_the_validation_steps(tmp_path, tiny_dir):

@@ -20,7 +20,7 @@ import logging
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ import torch.distributed as dist
 from mmengine.logging import print_log
 
 from ...ops.distributed import dist_rank, dist_world_size
+
+if TYPE_CHECKING:  # the settings module imports the step's modules; only a hint here
+    from ..train_cfg import TrainCfg
 
 __all__ = ['capture_rng', 'describe_changes', 'gather_rank_states',
            'gather_to_first', 'isolated_rng', 'rank_entry', 'restore_processor_state',
@@ -119,15 +122,19 @@ def rank_entry(ranks: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str 
            f'the streams of ranks {world}..{len(ranks) - 1} are dropped.'))
 
 
-def run_settings(*, num_responses: int, prompts_per_rank: Any,
-                 minibatch_responses_per_rank: int, ppo_epochs: int, world_size: int,
-                 max_steps: int, advantage: Any, kept_rows: str,
-                 max_staleness: int = 0) -> dict[str, Any]:
-    """The settings a checkpoint's steps were taken under (plain values, comparable)."""
-    return dict(num_responses=num_responses, prompts_per_rank=prompts_per_rank,
-                minibatch_responses_per_rank=minibatch_responses_per_rank, ppo_epochs=ppo_epochs,
-                world_size=world_size, max_steps=max_steps, advantage=_plain(advantage),
-                kept_rows=kept_rows, max_staleness=max_staleness)
+def run_settings(cfg: 'TrainCfg', prompts_per_rank: Any, world_size: int) -> dict[str, Any]:
+    """The settings a checkpoint's steps were taken under (plain values, comparable).
+
+    Args:
+        cfg: the run's :class:`~gepo_xtuner.engine.train_cfg.TrainCfg`.
+        prompts_per_rank: the dataloader's batch size (None: sizes vary).
+        world_size: training processes.
+    """
+    return dict(num_responses=cfg.num_responses, prompts_per_rank=prompts_per_rank,
+                minibatch_responses_per_rank=cfg.update.minibatch_responses_per_rank,
+                ppo_epochs=cfg.update.ppo_epochs, world_size=world_size,
+                max_steps=cfg.max_steps, advantage=_plain(cfg.advantage),
+                kept_rows=cfg.update.kept_rows, max_staleness=cfg.stage.max_staleness)
 
 
 def _plain(value: Any) -> Any:

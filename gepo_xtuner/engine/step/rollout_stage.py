@@ -20,13 +20,16 @@ Call order, per step: :meth:`~RolloutStage.next_records`, :meth:`~RolloutStage.r
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...rollout import RolloutRequest, SamplingParams
 from ...rollout.base import RolloutBackend, RolloutSample
 from .batching import Rollouts
 from .overlap import RolloutAhead, stamp
 from ..runtime.mmengine_private import checkpoint_due
+
+if TYPE_CHECKING:
+    from ..train_cfg import StageSettings
 
 __all__ = ['RolloutStage', 'RolloutStageAhead', 'build_rollout_stage']
 
@@ -112,7 +115,7 @@ class RolloutStageAhead(RolloutStage):
 
     Args:
         backend, source, encode: as :class:`RolloutStage`; ``backend`` must be able to
-            overlap (its ``overlap_refusal()`` is None; checked by ``LoopSettings``).
+            overlap (its ``overlap_refusal()`` is None; checked by ``TrainCfg.check_backend``).
         seed: returns the run's seed, read when a batch is sampled (``--resume`` may
             replace it after the loop is built).
     """
@@ -179,11 +182,12 @@ class RolloutStageAhead(RolloutStage):
         self.ahead.restore(state, entry)
 
 
-def build_rollout_stage(max_staleness: int, backend: RolloutBackend,
+def build_rollout_stage(settings: 'StageSettings', backend: RolloutBackend,
                         source: Iterator[list[dict]],
                         encode: Callable[[list[dict]], list[RolloutRequest]],
                         seed: Callable[[], int | None]) -> RolloutStage:
-    """The stage for ``train_cfg.max_staleness`` (checked: 0 or 1)."""
-    if max_staleness:
+    """The stage for ``settings``, the run's checked
+    :class:`~gepo_xtuner.engine.train_cfg.StageSettings` (``max_staleness`` 0 or 1)."""
+    if settings.max_staleness:
         return RolloutStageAhead(backend, source, encode, seed)
     return RolloutStage(backend, source, encode)

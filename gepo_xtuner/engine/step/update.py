@@ -16,7 +16,7 @@ each split into micro-batches by a token budget and handed to
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,11 +64,12 @@ class UpdateSettings:
             step count of the full batch, kept rows spread over it: more, smaller
             optimizer steps).
         temperature: the sampling temperature: every logprob is one of
-            ``softmax(logits / temperature)`` (the loop sets ``sampling.temperature``).
+            ``softmax(logits / temperature)``; derived, not a ``train_cfg`` key
+            (:class:`~gepo_xtuner.engine.train_cfg.TrainCfg` sets ``sampling.temperature``).
         norm_length: ``L``, the constant length the ``'seq-mean-token-sum-norm'`` loss
-            aggregation (Dr.GRPO) divides by; other aggregations ignore it. The loop
-            passes ``train_cfg.norm_length``, by default ``sampling.max_new_tokens`` (the
-            generation cap, as Dr.GRPO's authors ran it). None: the padded width.
+            aggregation (Dr.GRPO) divides by; other aggregations ignore it. From a config,
+            by default ``sampling.max_new_tokens`` (the generation cap, as Dr.GRPO's
+            authors ran it). None (direct use only): the padded width.
         behaviour_correction: how the loss corrects for rollouts sampled by a behaviour
             policy ``mu`` other than the proximal policy ``pi_prox`` whose logprobs are
             the recomputed old logprobs (overlapped rollouts with bounded staleness,
@@ -87,14 +88,14 @@ class UpdateSettings:
             ``'mask'``; ignored by ``'none'``.
     """
 
-    minibatch_responses_per_rank: int
+    minibatch_responses_per_rank: int = 32
     ppo_epochs: int = 1
     max_tokens_per_micro_batch: int | None = None
     logprob_max_tokens_per_micro_batch: int | None = None
     kept_rows: str = 'full_minibatches'
-    temperature: float = 1.0
+    temperature: float = field(default=1.0, metadata={'key': False})
     norm_length: float | None = None
-    behaviour_correction: str = 'none'
+    behaviour_correction: str = field(default='none', metadata={'key': False})
     behaviour_cap: float = 2.0
 
     def __post_init__(self) -> None:
