@@ -581,11 +581,36 @@ def print_report(report: dict[str, Any]) -> None:
     print()
 
 
+def print_keys(width: int = 100) -> None:
+    """Every key the settings objects take, with its default and help (their docstrings)."""
+    import textwrap
+
+    from gepo_xtuner.engine.step.validation import ValSettings
+    from gepo_xtuner.engine.train_cfg import TrainCfg
+    from gepo_xtuner.model.settings import PolicySettings
+    from gepo_xtuner.settings import field_defaults
+
+    sections = (('train_cfg', TrainCfg.help(), TrainCfg.defaults()),
+                ('train_cfg.val', ValSettings.help(), ValSettings.defaults()),
+                ('model', PolicySettings.help(), field_defaults(PolicySettings)))
+    for name, helps, defaults in sections:
+        print(f'{name}:')
+        for key, text in helps.items():
+            default = f'= {defaults[key]!r}' if key in defaults else '(required)'
+            print(f'  {key} {default}')
+            text = re.sub(r':\w+:`~?([\w.]+)`', lambda m: m.group(1).rsplit('.', 1)[-1], text)
+            print(textwrap.fill(text.replace('``', '`'), width, initial_indent=' ' * 6,
+                                subsequent_indent=' ' * 6))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from mmengine.config import DictAction
 
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('configs', nargs='+', type=Path, help='config files')
+    parser.add_argument('configs', nargs='*', type=Path, help='config files')
+    parser.add_argument('--keys', action='store_true',
+                        help='list every key of train_cfg, train_cfg.val and model with its '
+                        'default and help, and exit')
     parser.add_argument('--world-size', type=int, default=None,
                         help='training processes to assume (sets WORLD_SIZE for loading)')
     parser.add_argument('--no-path-check', action='store_true',
@@ -611,6 +636,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        'there (default: $GEPO_SMOKE_CACHE, else none); checking several '
                        'algorithms of one task mixture prepares them once')
     args = parser.parse_args(argv)
+    if not args.configs and not args.keys:
+        parser.error('give config files (or --keys)')
     if args.world_size is not None and args.world_size < 1:
         parser.error(f'--world-size must be >= 1, got {args.world_size}')
     if args.smoke_steps is not None:
@@ -733,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
                 handler.setStream(sys.stderr)
     import gepo_xtuner  # noqa: F401  (registers what the configs name)
 
+    if args.keys:
+        print_keys()
+        return 0
     if args.smoke_steps is not None:
         return smoke(args)
 

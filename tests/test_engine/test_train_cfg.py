@@ -265,3 +265,13 @@ def test_nothing_reads_defaults_from_a_signature():
     params = inspect.signature(RLTrainLoop.__init__).parameters
     assert [p.kind for p in params.values()][-1] is inspect.Parameter.VAR_KEYWORD
     assert list(params)[:3] == ['self', 'runner', 'dataloader'] and len(params) == 4
+
+
+def test_check_config_lists_every_key_with_its_default(capsys):
+    assert CHECK_CONFIG.main(['--keys']) == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith('  ')
+              and not line.startswith('   ')}
+    from gepo_xtuner.engine.step.validation import ValSettings
+    assert set(TrainCfg.keys()) | set(ValSettings.keys()) | set(PolicySettings.keys()) == listed
+    assert "  ppo_epochs = 1\n" in out and '  max_steps (required)\n' in out

@@ -316,14 +316,15 @@ def test_wrapper_accumulation_and_fixed_micro_batches_are_refused(locations):
                  'optim_wrapper.accumulative_counts=16', env=locations)
     assert ('optim_wrapper.accumulative_counts: is 16: the RL loop accumulates gradients '
             'itself') in proc.stdout
-    assert "RLTrainLoop: got an unexpected keyword argument 'micro_batch_size'" in proc.stdout
+    assert "train_cfg: TypeError: got an unexpected keyword argument 'micro_batch_size'" in (
+        proc.stdout)
 
 
 def test_a_renamed_key_is_named_with_its_new_name(locations):
     proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
                  'train_cfg.minibatch_size=8', env=locations)
     assert proc.returncode == 1
-    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'minibatch_size' "
+    assert ("train_cfg: TypeError: got an unexpected keyword argument 'minibatch_size' "
             '(train_cfg.minibatch_size was renamed: use train_cfg.minibatch_responses_per_rank)'
             ) in proc.stdout
 
@@ -335,9 +336,9 @@ def test_a_misspelt_argument_is_named(locations, tmp_path):
                    "model = dict(torch_dtype='bf16')\n")
     proc = check(cfg, env=locations)
     assert proc.returncode == 1
-    assert ("train_cfg: RLTrainLoop: got an unexpected keyword argument 'num_response' (did "
+    assert ("train_cfg: TypeError: got an unexpected keyword argument 'num_response' (did "
             'you mean train_cfg.num_responses?)') in proc.stdout
-    assert "model.torch_dtype: 'bf16' is not a torch dtype name" in proc.stdout
+    assert "model: ValueError: model.torch_dtype 'bf16' is not a torch dtype" in proc.stdout
 
 
 def test_a_config_that_does_not_parse_gives_file_and_line(tmp_path):

@@ -10,7 +10,7 @@ from ...data.records import DataFormatError, load_records
 from ...ops.distributed import all_reduce_sum, dist_rank, dist_world_size
 from ...reward import RewardRouter
 from ...rollout import RolloutBackend, RolloutRequest, SamplingParams
-from ...settings import check_types, refuse_unknown
+from ...settings import check_types, docstring_attributes, field_defaults, refuse_unknown
 from .scoring import sample_and_score
 
 
@@ -152,6 +152,21 @@ class ValSettings:
         """The keys ``train_cfg.val`` takes."""
         return ['interval', 'path', 'benchmarks', *_names(ValSampling), 'fields',
                 'default_domain']
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """``key -> help text``, from the docstrings of the classes that own the keys."""
+        docs = {**docstring_attributes(cls), **docstring_attributes(ValSampling),
+                **docstring_attributes(ReadSettings)}
+        docs['benchmarks'] = ('list of dict(name, path, ...): one metric val/<name>/acc each; '
+                              f'keys {benchmark_keys()}, defaults the ones of val')
+        return {key: docs.get(key, '') for key in cls.keys()}
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """``key -> default`` as the config writes it."""
+        return {'interval': 10, 'path': None, 'benchmarks': None,
+                **field_defaults(ValSampling), **field_defaults(ReadSettings)}
 
     @classmethod
     def from_dict(cls, val: Any) -> 'ValSettings':
