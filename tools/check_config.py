@@ -428,6 +428,8 @@ class Checker:
                     self.problem('train_cfg', exc)
         if val is not None:
             self.check_val(val)
+        elif isinstance(raw.get('val'), dict):  # refused: its files are still worth a look
+            self.check_val_files(raw.val)
         self.rows['steps'] = str(raw.get('max_steps'))
         rollout = self.build(ROLLOUT_BACKENDS, raw.get('rollout'), 'train_cfg.rollout')
         if rollout is not None:
@@ -454,6 +456,16 @@ class Checker:
             except Exception as exc:  # noqa: BLE001 (a misconfigured reward)
                 self.problem('train_cfg.rewards', exc)
         self.check_batch(raw, self.cfg.get('optim_wrapper') or {})
+
+    def check_val_files(self, val: dict) -> None:
+        """The files a refused ``train_cfg.val`` names, as far as they can be read."""
+        entries = [('train_cfg.val.path', val)] if val.get('path') else []
+        benchmarks = val.get('benchmarks')
+        entries += [(f'train_cfg.val.benchmarks[{i}].path', b)
+                    for i, b in enumerate(benchmarks if isinstance(benchmarks, list) else ())
+                    if isinstance(b, dict) and b.get('path')]
+        for where, entry in entries:
+            self.path(entry['path'], where, 'file')
 
     def check_val(self, val: Any) -> None:
         """The validation files of the checked ``train_cfg.val``, record by record."""

@@ -399,7 +399,7 @@ def test_validation_benchmarks_are_checked(locations, tmp_path):
     proc = check(cfg, env=locations)
     assert proc.returncode == 1
     assert 'train_cfg.val.path' not in proc.stdout  # benchmarks alone are a valid form
-    assert "train_cfg: val.benchmarks[1] does not take ['temp']" in proc.stdout
+    assert "train_cfg: ValueError: val.benchmarks[1] does not take ['temp']" in proc.stdout
     assert f'{tmp_path}/absent.jsonl does not exist' in proc.stdout
     assert 'train_cfg.val.benchmarks[0]' not in proc.stdout
 
