@@ -126,6 +126,11 @@ class RLTrainLoop(BaseLoop):
         (:meth:`~gepo_xtuner.engine.train_cfg.TrainCfg.check_keys`)."""
         TrainCfg.check_keys(keys)
 
+    @classmethod
+    def train_cfg_keys(cls) -> list[str]:
+        """Every ``train_cfg`` key the loop takes (:meth:`TrainCfg.keys`)."""
+        return TrainCfg.keys()
+
     # what mmengine's runner and hooks read of a loop
     max_epochs = property(lambda self: self._max_epochs)
     max_iters = property(lambda self: self._max_iters)

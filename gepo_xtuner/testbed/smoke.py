@@ -712,8 +712,9 @@ def micro_batch_interface(loop_cls: type) -> str:
     Args:
         loop_cls: the ``RLTrainLoop`` class.
     """
-    params = inspect.signature(loop_cls).parameters
-    return 'tokens' if 'max_tokens_per_micro_batch' in params else 'rows'
+    keys = (loop_cls.train_cfg_keys() if hasattr(loop_cls, 'train_cfg_keys')
+            else inspect.signature(loop_cls).parameters)  # a loop taking its keys as arguments
+    return 'tokens' if 'max_tokens_per_micro_batch' in keys else 'rows'
 
 
 def smoke_config(cfg: Mapping[str, Any], *, model_dir: str, data_dir: str, steps: int,
