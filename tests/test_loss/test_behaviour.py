@@ -154,7 +154,8 @@ def test_weights_of_the_wrong_shape_are_refused():
 
 
 @pytest.mark.parametrize('mode, cap, match', [
-    ('clip', 2.0, "behaviour_correction must be one of \\['none', 'truncate', 'mask'\\]"),
+    ('clip', 2.0, "behaviour_correction must be one of \\['none', 'truncate', 'mask', "
+     "'sequence_truncate', 'sequence_mask', 'geometric_truncate', 'geometric_mask'\\]"),
     ('truncate', 1.0, 'behaviour_cap must be a real number in \\(1.0, inf\\)'),
     ('mask', math.inf, 'behaviour_cap'), ('none', math.nan, 'behaviour_cap'),
     ('mask', True, 'behaviour_cap')])
