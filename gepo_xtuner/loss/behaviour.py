@@ -47,12 +47,13 @@ turns them into the loss's weights; ``l_t`` is a token's policy loss:
   every length.
 
 Independently of the mode, a veto ``v`` in ``(0, 1)`` (``train_cfg.behaviour_veto``; verl's
-and XTuner's ``rollout_is_veto_threshold``) drops every response holding a token with
-``w_t < v`` (``d_t < log v``, the unclamped log-ratio) from the loss and the denominators,
-as ``'sequence_mask'`` drops a response: a token the trainer finds far less likely than the
-sampler did marks a response the weights cannot repair. It combines with every mode,
-``'none'`` included (then only the veto acts, as verl applies its veto to the response
-mask even when the weights are not applied); off (None), ``'none'`` computes nothing.
+``rollout_is_veto_threshold``, the lower side of XTuner's ``(upper, lower)`` one) drops every
+response holding a token with ``w_t < v`` (``d_t < log v``, the unclamped log-ratio) from the
+loss and the denominators, as ``'sequence_mask'`` drops a response: a token the trainer finds
+far less likely than the sampler did marks a response the weights cannot repair. It combines
+with every mode, ``'none'`` included (then only the veto acts, as verl applies its veto to
+the response mask even when the weights are not applied; XTuner runs its veto only with a
+correction on); off (None), ``'none'`` computes nothing.
 
 With ``mu = pi_prox`` (no staleness, no engine/trainer mismatch) every ``d_t = 0``, so
 ``w_t = W_i = exp(0) = 1`` exactly, ``min(1, C) = 1`` and ``1 * l_t = l_t`` bit for bit:

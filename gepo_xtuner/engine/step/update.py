@@ -102,12 +102,14 @@ class UpdateSettings:
             the mask modes; ignored by ``'none'``.
         behaviour_veto: ``v`` in ``(0, 1)``, or None (default: off). A response holding any
             valid token with ``w_t < v`` leaves the loss and the token-mean / seq-mean
-            denominators whole, as ``'sequence_mask'`` drops a response (verl / XTuner's
-            ``rollout_is_veto_threshold``; such a token marks a sample the weights cannot
-            repair, e.g. one the trainer's weights would almost never draw). Applied on top
-            of any ``behaviour_correction``, ``'none'`` included (then the veto is the only
-            correction: no weights); ``offpolicy/frac_vetoed`` logs the share of responses
-            it dropped. XTuner uses ``1e-4``.
+            denominators whole, as ``'sequence_mask'`` drops a response (verl's
+            ``rollout_is_veto_threshold``, ``1e-4`` in its examples; XTuner's takes an
+            ``(upper, lower)`` pair, this is its lower side; such a token marks a sample the
+            weights cannot repair, e.g. one the trainer's weights would almost never draw).
+            Applied on top of any ``behaviour_correction``, ``'none'`` included (then the
+            veto is the only correction, no weights, as verl rejects with its veto even
+            when it does not apply the weights; XTuner runs its veto only with a correction
+            on); ``offpolicy/frac_vetoed`` logs the share of responses it dropped.
     """
 
     minibatch_responses_per_rank: int = 32
