@@ -275,8 +275,8 @@ class RLPolicy(BaseModel):
         multiply the per-token policy-gradient term only; the reference-KL term is not
         reweighted, since it is a regulariser of ``pi_theta`` towards the reference, not
         an estimate under the sampling distribution that ``pi_prox / mu`` corrects.
-        ``inputs.loss_mask`` (mask modes, veto) drops tokens from both terms and their denominators, so
-        a dropped token takes no part in the objective.
+        ``inputs.loss_mask`` (mask modes, veto) drops tokens from both terms and their
+        denominators, so a dropped token takes no part in the objective.
         """
         inputs = LossInputs.of(inputs)
         if mode == 'logprobs':
