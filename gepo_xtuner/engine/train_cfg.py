@@ -99,10 +99,15 @@ class TrainCfg:
             checked like ``prompts_per_step``.
         behaviour_correction: the importance weight between the recomputed (proximal)
             old policy and the policy that sampled: ``'auto'`` (``'truncate'`` with
-            ``max_staleness`` 1, else ``'none'``), ``'none'``, ``'truncate'`` or
-            ``'mask'`` (:class:`~gepo_xtuner.engine.step.update.UpdateSettings`, which
-            holds the resolved value). Needs the rollout's logprobs at the sampling
-            temperature (:meth:`check_backend`).
+            ``max_staleness`` 1, else ``'none'``), ``'none'``, per token ``'truncate'``
+            or ``'mask'``, per response (product of the token weights, as TRL's
+            ``vllm_importance_sampling_mode``) ``'sequence_truncate'`` or
+            ``'sequence_mask'``, per response (their geometric mean, as GSPO)
+            ``'geometric_truncate'`` or ``'geometric_mask'``
+            (:class:`~gepo_xtuner.engine.step.update.UpdateSettings`, which holds the
+            resolved value and the formulas; ``behaviour_veto`` adds to any of them).
+            Needs the rollout's logprobs at the sampling temperature
+            (:meth:`check_backend`).
         entropy_logprobs: which sampled-token logprobs give GEPO's group entropy (and
             any processor's ``AdvantageInputs.logprobs``): ``'proximal'`` (the
             recomputed old logprobs, the policy being shaped) or ``'behaviour'`` (the
@@ -258,7 +263,8 @@ class TrainCfg:
             rollout.check_overlap()
         temperature = rollout.logprob_temperature(self.sampling)
         refusal = behaviour_refusal(temperature, self.sampling,
-                                    self.update.behaviour_correction, self.entropy_logprobs)
+                                    self.update.behaviour_correction, self.entropy_logprobs,
+                                    self.update.behaviour_veto)
         if refusal is not None:
             raise ValueError(refusal)
         return temperature

@@ -44,14 +44,16 @@ class LossInputs:
         mm_inputs: the rows' multimodal tensors as the processor names them
             (``pixel_values``, ``image_grid_thw``, ...), concatenated along dim 0 in
             row order (:mod:`gepo_xtuner.ops.multimodal`); None for text-only rows.
-        behaviour_weights: ``(B, R)`` float constants ``min(pi_prox / mu, C)`` that multiply
-            each token's policy-gradient loss before aggregation
-            (``behaviour_correction='truncate'``,
+        behaviour_weights: ``(B, R)`` float constants that multiply each token's
+            policy-gradient loss before aggregation: ``min(pi_prox / mu, C)`` per token
+            (``behaviour_correction='truncate'``) or the response's capped sequence weight
+            on each of its tokens (``'sequence_truncate'``, ``'geometric_truncate'``;
             :class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`); padding is ignored.
             None: no weighting.
         loss_mask: ``(B, R)`` bool, the response tokens the loss counts, a subset of
             ``response_mask`` (``behaviour_correction='mask'`` leaves out the tokens whose
-            behaviour weight ``pi_prox / mu`` lies outside ``[1/C, C]``); ``num_tokens``
+            behaviour weight ``pi_prox / mu`` lies outside ``[1/C, C]``, the sequence-level
+            mask modes and ``behaviour_veto`` whole responses); ``num_tokens``
             and ``num_seqs`` must count these tokens and the rows that keep one. Scoring
             still reads ``response_mask``. None: ``response_mask``.
     """

@@ -271,12 +271,12 @@ class RLPolicy(BaseModel):
         The loss is ``L_pg + kl_coef * L_kl`` over the tokens ``inputs.counted_mask``
         (``loss_mask``, else ``response_mask``), both reduced with the same ``agg`` and
         denominators. Behaviour correction for stale rollouts
-        (:mod:`gepo_xtuner.loss.behaviour`): ``inputs.behaviour_weights`` (truncate)
+        (:mod:`gepo_xtuner.loss.behaviour`): ``inputs.behaviour_weights`` (truncate modes)
         multiply the per-token policy-gradient term only; the reference-KL term is not
         reweighted, since it is a regulariser of ``pi_theta`` towards the reference, not
         an estimate under the sampling distribution that ``pi_prox / mu`` corrects.
-        ``inputs.loss_mask`` (mask) drops tokens from both terms and their denominators, so
-        a dropped token takes no part in the objective.
+        ``inputs.loss_mask`` (mask modes, veto) drops tokens from both terms and their
+        denominators, so a dropped token takes no part in the objective.
         """
         inputs = LossInputs.of(inputs)
         if mode == 'logprobs':

@@ -121,6 +121,25 @@ def test_the_band_reads_the_logprobs_the_config_names(overlapped, tiny_dir, tmp_
                - proximal[2]['rollout/logprob_abs_diff']) < 1e-5
 
 
+def test_a_sequence_level_correction_with_a_veto_runs_from_the_config(tiny_dir, tmp_path,
+                                                                      monkeypatch):
+    """``behaviour_correction='geometric_mask'`` with ``behaviour_veto`` from the config's
+    flat keys: every step logs the per-response figures; at step 1 (generated in turn, so
+    ``mu = pi_prox`` up to float noise) the weight is 1 and nothing is dropped."""
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(tmp_path / 'generate.log'))
+    train(write_config(tmp_path), tmp_path / 'run', tiny_dir, *OVERLAP, 'train_cfg.max_steps=2',
+          'train_cfg.behaviour_correction=geometric_mask', 'train_cfg.behaviour_veto=0.0001')
+    logged = scalars(tmp_path / 'run')
+    for t in (1, 2):
+        assert {'offpolicy/seq_weight_mean', 'offpolicy/seq_weight_max',
+                'offpolicy/frac_seq_masked', 'offpolicy/frac_vetoed'} <= set(logged[t]), t
+        assert 'offpolicy/frac_masked' not in logged[t]
+        assert 0 <= logged[t]['offpolicy/frac_vetoed'] <= 1
+    assert logged[1]['offpolicy/seq_weight_mean'] == pytest.approx(1.0, abs=1e-4)
+    assert logged[1]['offpolicy/frac_seq_masked'] == 0 == logged[1]['offpolicy/frac_vetoed']
+    assert logged[2]['offpolicy/seq_weight_max'] > 1.0
+
+
 def test_resumed_at_every_step_equals_the_straight_run(overlapped, tiny_dir, tmp_path,
                                                        monkeypatch):
     work, _ = overlapped

@@ -70,6 +70,8 @@ BAD = {
     'behaviour_correction': {'train_cfg.max_staleness': 1,
                              'train_cfg.behaviour_correction': 'bogus'},
     'behaviour_cap': {'train_cfg.behaviour_cap': -1},
+    'behaviour_veto': {'train_cfg.behaviour_correction': 'sequence_mask',
+                       'train_cfg.behaviour_veto': 1.5},
     'sampling_not_a_dict': {'train_cfg.sampling': [1]},
     'sampling_n': {'train_cfg.sampling.n': 3},
     'negative_temperature': {'train_cfg.sampling.temperature': -1.0},
@@ -82,6 +84,9 @@ BAD = {
     'raw_logprobs_corrected': {'train_cfg.sampling.temperature': 0.7,
                                'train_cfg.behaviour_correction': 'truncate',
                                'train_cfg.rollout': LMDEPLOY},
+    'raw_logprobs_vetoed': {'train_cfg.sampling.temperature': 0.7,
+                            'train_cfg.behaviour_correction': 'none',
+                            'train_cfg.behaviour_veto': 1e-4, 'train_cfg.rollout': LMDEPLOY},
     'val_not_a_dict': {'train_cfg.val': [1]},
     'val_interval': {'train_cfg.val.interval': 0},
     'val_nothing': {'train_cfg.val': dict(_delete_=True, interval=2)},
@@ -216,6 +221,24 @@ def test_the_good_config_builds_on_both():
     assert cfg.update.norm_length == cfg.sampling.max_new_tokens
     report = CHECK_CONFIG.check_one(CONFIG, {}, False, CHECK_CONFIG.world_size_of(1))
     assert report['problems'] == [], report['problems']
+
+
+def test_the_corrections_build_and_auto_still_resolves():
+    """Every mode and the veto are keys of their own; ``'auto'`` picks ``'truncate'`` with
+    generation ahead, else ``'none'``."""
+    from gepo_xtuner.loss.behaviour import BEHAVIOUR_CORRECTIONS
+    for mode in BEHAVIOUR_CORRECTIONS:
+        cfg = TrainCfg.from_dict({**_train_cfg({}), 'behaviour_correction': mode,
+                                  'behaviour_veto': 1e-4})
+        assert (cfg.update.behaviour_correction, cfg.update.behaviour_veto) == (mode, 1e-4)
+    assert TrainCfg.from_dict(_train_cfg({})).update.behaviour_veto is None
+    ahead = TrainCfg.from_dict(_train_cfg({'train_cfg.max_staleness': 1}))
+    assert ahead.update.behaviour_correction == 'truncate'
+    assert TrainCfg.from_dict(_train_cfg({})).update.behaviour_correction == 'none'
+    help_text = TrainCfg.help()
+    assert all(mode in help_text['behaviour_correction'] for mode in BEHAVIOUR_CORRECTIONS)
+    assert 'rollout_is_veto_threshold' in help_text['behaviour_veto']
+    assert TrainCfg.defaults()['behaviour_veto'] is None
 
 
 def test_every_key_is_one_field_with_a_default_and_help():

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from gepo_xtuner.loss import BehaviourCorrection, PPOClipLoss, behaviour_weights
+from gepo_xtuner.loss import (BEHAVIOUR_CORRECTIONS, BehaviourCorrection, PPOClipLoss,
+                             behaviour_weights)
 from gepo_xtuner.loss.cispo import CISPOLoss
 from gepo_xtuner.registry import POLICY_LOSSES, shipped
 
@@ -154,7 +155,8 @@ def test_weights_of_the_wrong_shape_are_refused():
 
 
 @pytest.mark.parametrize('mode, cap, match', [
-    ('clip', 2.0, "behaviour_correction must be one of \\['none', 'truncate', 'mask'\\]"),
+    ('clip', 2.0, "behaviour_correction must be one of \\['none', 'truncate', 'mask', "
+     "'sequence_truncate', 'sequence_mask', 'geometric_truncate', 'geometric_mask'\\]"),
     ('truncate', 1.0, 'behaviour_cap must be a real number in \\(1.0, inf\\)'),
     ('mask', math.inf, 'behaviour_cap'), ('none', math.nan, 'behaviour_cap'),
     ('mask', True, 'behaviour_cap')])
@@ -162,3 +164,193 @@ def test_bad_modes_and_caps_are_refused(mode, cap, match):
     _, prox, mu, _, mask = tensors()
     with pytest.raises(ValueError, match=match):
         BehaviourCorrection.of(prox, mu, mask, mode, cap)
+
+
+# -- sequence-level modes and the veto -----------------------------------------------------
+# On the hand case: row 0 w = [2, 1, 0.5] -> W^seq = 1, W^geo = 1;
+#                   row 1 w = [4, 1]      -> W^seq = 4, W^geo = 4^(1/2) = 2.
+# Per-token losses: row 0 [-1.0, -1.2, -0.75] (sum -2.95), row 1 [1.6, 3.0] (sum 4.6).
+
+
+@pytest.mark.parametrize('mode, cap, veto, expected, kept', [
+    # min(W, 3) = [1, 3]: (-2.95 + 3 * 4.6) / 5 tokens
+    ('sequence_truncate', 3.0, None, (-2.95 + 3 * 4.6) / 5, None),
+    # W^seq = 4 outside [1/3, 3]: row 1 leaves; -2.95 / 3 kept tokens
+    ('sequence_mask', 3.0, None, -2.95 / 3, [[True] * 3, [False] * 3]),
+    # min(W^geo, 3) = [1, 2]
+    ('geometric_truncate', 3.0, None, (-2.95 + 2 * 4.6) / 5, None),
+    # W^geo = 2 inside [1/3, 3]: everything kept (where W^seq = 4 was not)
+    ('geometric_mask', 3.0, None, 1.65 / 5, [[True] * 3, [True, True, False]]),
+    # W^geo = 2 outside [1/1.5, 1.5]
+    ('geometric_mask', 1.5, None, -2.95 / 3, [[True] * 3, [False] * 3]),
+    # veto 0.6: row 0 holds w = 0.5 < 0.6 and leaves whole; no weights with 'none'
+    ('none', 2.0, 0.6, 4.6 / 2, [[False] * 3, [True, True, False]]),
+    # truncate and veto: row 1 alone, min(w, 3) = [3, 1]: (3 * 1.6 + 3.0) / 2 tokens
+    ('truncate', 3.0, 0.6, (3 * 1.6 + 3.0) / 2, [[False] * 3, [True, True, False]]),
+    # veto 0.4: no token below it; sequence_mask drops row 1 as above
+    ('sequence_mask', 3.0, 0.4, -2.95 / 3, [[True] * 3, [False] * 3]),
+])
+def test_sequence_modes_and_veto_by_hand(mode, cap, veto, expected, kept):
+    theta, prox, rollout, adv, mask = tensors()
+    corr = BehaviourCorrection.of(prox, rollout, mask, mode, cap, veto)
+    counted = mask if corr.loss_mask is None else corr.loss_mask
+    loss, _ = PPOClipLoss()(theta, prox, adv, counted, num_tokens=counted.sum().double(),
+                            num_seqs=counted.any(1).sum().double(),
+                            behaviour_weights=corr.loss_weights)
+    assert loss.item() == pytest.approx(expected)
+    assert (corr.loss_mask is None) == (kept is None)
+    if kept is not None:
+        assert corr.loss_mask.tolist() == kept
+
+
+def test_sequence_metrics_by_hand():
+    _, prox, rollout, _, mask = tensors()
+    corr = BehaviourCorrection.of(prox, rollout, mask, 'sequence_truncate', 3.0)
+    assert corr.metrics(corr.mode, *corr.metric_sums(), corr.veto) == pytest.approx({
+        'offpolicy/weight_mean': 1.7, 'offpolicy/weight_max': 4.0,
+        'offpolicy/seq_weight_mean': 2.5, 'offpolicy/seq_weight_max': 4.0,
+        'offpolicy/frac_seq_truncated': 0.5})
+    corr = BehaviourCorrection.of(prox, rollout, mask, 'geometric_mask', 1.5, veto=0.6)
+    assert corr.metrics(corr.mode, *corr.metric_sums(), corr.veto) == pytest.approx({
+        'offpolicy/weight_mean': 1.7, 'offpolicy/weight_max': 4.0,
+        'offpolicy/seq_weight_mean': 1.5, 'offpolicy/seq_weight_max': 2.0,
+        'offpolicy/frac_seq_masked': 0.5, 'offpolicy/frac_vetoed': 0.5})
+    corr = BehaviourCorrection.of(prox, rollout, mask, 'none', 2.0, veto=0.6)
+    assert corr.loss_weights is None
+    assert corr.metrics(corr.mode, *corr.metric_sums(), corr.veto) == pytest.approx({
+        'offpolicy/weight_mean': 1.7, 'offpolicy/weight_max': 4.0,
+        'offpolicy/frac_vetoed': 0.5})
+    # rows 1 only: its one response
+    sums, top = corr.metric_sums(torch.tensor([1]))
+    assert corr.metrics(corr.mode, sums, top, corr.veto)['offpolicy/frac_vetoed'] == 0.0
+
+
+def loop_reference(prox, rollout, adv, theta, mask, mode, cap, veto, agg, clip=0.2):
+    """Per-token weights, kept tokens and the PPO-clip loss of one batch, written as plain
+    Python loops over responses and tokens from the formulas of the modes."""
+    rows, width = len(mask), len(mask[0])
+    weights = [[1.0] * width for _ in range(rows)]
+    kept = [[bool(mask[i][t]) for t in range(width)] for i in range(rows)]
+    level, _, action = mode.rpartition('_')
+    level = level or 'token'
+    for i in range(rows):
+        valid = [t for t in range(width) if mask[i][t]]
+        d = {t: prox[i][t] - rollout[i][t] for t in valid}
+        if veto is not None and any(d[t] < math.log(veto) for t in valid):
+            for t in valid:
+                kept[i][t] = False
+        if mode == 'none':
+            continue
+        if level == 'token':
+            ratios = {t: math.exp(min(max(d[t], -20.0), 20.0)) for t in valid}
+        else:
+            total = sum(d.values())
+            if level == 'geometric' and valid:
+                total /= len(valid)
+            big = math.exp(min(max(total, -20.0), 20.0))
+            ratios = {t: big for t in valid}
+        for t in valid:
+            if action == 'truncate':
+                weights[i][t] = min(ratios[t], cap)
+            elif not 1.0 / cap <= ratios[t] <= cap:
+                kept[i][t] = False
+    # PPO clip per token, then the aggregation over the kept tokens
+    terms = [[0.0] * width for _ in range(rows)]
+    for i in range(rows):
+        for t in range(width):
+            if kept[i][t]:
+                r = math.exp(theta[i][t] - prox[i][t])
+                loss = max(-adv[i] * r, -adv[i] * min(max(r, 1 - clip), 1 + clip))
+                terms[i][t] = weights[i][t] * loss
+    if agg == 'token-mean':
+        n = sum(sum(row) for row in kept)
+        value = sum(sum(row) for row in terms) / max(n, 1)
+    else:
+        means = [sum(terms[i]) / sum(kept[i]) for i in range(rows) if any(kept[i])]
+        value = sum(means) / max(len(means), 1)
+    return weights, kept, value
+
+
+MODES_AND_VETO = [(mode, veto) for mode in BEHAVIOUR_CORRECTIONS for veto in (None, 0.5)
+                  if (mode, veto) != ('none', None)]
+
+
+@pytest.mark.parametrize('agg', ['token-mean', 'seq-mean-token-mean'])
+@pytest.mark.parametrize('mode, veto', MODES_AND_VETO)
+@pytest.mark.parametrize('seed', range(4))
+def test_every_mode_matches_a_loop_reference(seed, mode, veto, agg):
+    """Random batches (empty rows, long rows, padding holding junk): weights, kept tokens
+    and the loss of the vectorised correction against :func:`loop_reference`."""
+    gen = torch.Generator().manual_seed(seed)
+    n, width = 9, 11
+    lengths = torch.randint(0, width + 1, (n, ), generator=gen)
+    lengths[0], lengths[1] = 0, width  # one empty response, one full-width one
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    rollout = -torch.rand(n, width, generator=gen, dtype=torch.float64) * 3
+    # log-ratios mostly small, a few large (some below log 0.5, some sums outside the band)
+    spread = torch.where(torch.rand(n, width, generator=gen) < 0.1, 1.5, 0.25)
+    prox = rollout + spread * torch.randn(n, width, generator=gen, dtype=torch.float64)
+    theta = prox + 0.3 * torch.randn(n, width, generator=gen, dtype=torch.float64)
+    adv = torch.randn(n, generator=gen, dtype=torch.float64)
+    junk = ~mask
+    prox, rollout = prox.masked_fill(junk, math.nan), rollout.masked_fill(junk, 50.0)
+    # a narrower band for the geometric mean, which averages the spread away
+    cap = 1.15 if mode.startswith('geometric') else 1.6
+    corr = BehaviourCorrection.of(prox, rollout, mask, mode, cap, veto)
+    weights, kept, expected = loop_reference(
+        prox.tolist(), rollout.tolist(), adv.tolist(), theta.tolist(), mask.tolist(), mode,
+        cap, veto, agg)
+    got_weights = torch.ones(n, width, dtype=torch.float64) if corr.loss_weights is None \
+        else torch.where(mask, corr.loss_weights, 1.0)
+    torch.testing.assert_close(got_weights, torch.tensor(weights, dtype=torch.float64))
+    counted = mask if corr.loss_mask is None else corr.loss_mask
+    assert counted.tolist() == kept
+    theta = theta.masked_fill(junk, 0.0).requires_grad_()
+    loss, _ = PPOClipLoss(agg=agg)(theta, prox.masked_fill(junk, 0.0), adv, counted,
+                                   num_tokens=counted.sum().double(),
+                                   num_seqs=counted.any(1).sum().double(),
+                                   behaviour_weights=corr.loss_weights)
+    assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    # the figures logged: the loop's w, W and shares
+    sums, top = corr.metric_sums()
+    metrics = corr.metrics(mode, sums, top, veto)
+    present = [i for i in range(n) if lengths[i] > 0]
+    d = (prox - rollout).masked_fill(junk, 0.0)
+    w = torch.exp(d.clamp(-20, 20))[mask]
+    assert metrics['offpolicy/weight_mean'] == pytest.approx(float(w.mean()))
+    if veto is not None:
+        vetoed = [i for i in present if any(d[i, t] < math.log(veto) for t in range(lengths[i]))]
+        assert metrics['offpolicy/frac_vetoed'] == pytest.approx(len(vetoed) / len(present))
+    if mode.startswith(('sequence', 'geometric')):
+        big = [math.exp(float(d[i].sum()) / (int(lengths[i]) if mode.startswith('geo') else 1))
+               for i in present]
+        assert metrics['offpolicy/seq_weight_mean'] == pytest.approx(sum(big) / len(big))
+        assert metrics['offpolicy/seq_weight_max'] == pytest.approx(max(big))
+        out = [b for b in big if (b > cap if mode.endswith('truncate') else
+                                  not 1 / cap <= b <= cap)]
+        key = 'truncated' if mode.endswith('truncate') else 'masked'
+        assert metrics[f'offpolicy/frac_seq_{key}'] == pytest.approx(len(out) / len(present))
+
+
+@pytest.mark.parametrize('mode', BEHAVIOUR_CORRECTIONS)
+def test_equal_logprobs_change_nothing_in_any_mode(mode):
+    """``mu = pi_prox``: every weight exactly 1, nothing dropped, the veto silent."""
+    _, prox, _, _, mask = tensors()
+    corr = BehaviourCorrection.of(prox, prox.clone(), mask, mode, 1.0001, veto=0.9999)
+    assert corr.loss_weights is None or torch.equal(corr.loss_weights, torch.ones_like(prox))
+    assert torch.equal(corr.loss_mask, mask) and not corr.vetoed.any()
+    if corr.seq_weights is not None:
+        assert torch.equal(corr.seq_weights, torch.ones(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize('veto', [0.0, 1.0, -0.5, 2.0, math.nan, True])
+def test_bad_vetoes_are_refused(veto):
+    _, prox, mu, _, mask = tensors()
+    with pytest.raises(ValueError, match=r'train_cfg.behaviour_veto must be a real number in '
+                                         r'\(0.0, 1.0\)'):
+        BehaviourCorrection.of(prox, mu, mask, 'none', 2.0, veto)
+
+
+def test_none_without_a_veto_computes_nothing():
+    _, prox, mu, _, mask = tensors()
+    assert BehaviourCorrection.of(prox, mu, mask, 'none', 2.0, None) is None

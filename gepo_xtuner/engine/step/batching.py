@@ -315,10 +315,11 @@ def loss_inputs(batch: ResponseBatch, rows: torch.Tensor, old_logprobs: torch.Te
             (the update passes the minibatch's rows third).
         temperature: the sampling temperature the responses were drawn at.
         norm_length: Dr.GRPO's constant length (``train_cfg.norm_length``).
-        behaviour_weights: ``(N, R)`` per-token loss weights ``min(pi_prox / mu, C)`` of
-            the batch (truncate correction), or None.
-        loss_mask: ``(N, R)`` bool, the tokens the loss counts (mask correction), or None
-            for every response token.
+        behaviour_weights: ``(N, R)`` per-token loss weights of the batch: ``min(w, C)``
+            per token or ``min(W, C)`` on every token of a response (the truncate
+            corrections), or None.
+        loss_mask: ``(N, R)`` bool, the tokens the loss counts (the mask corrections and
+            the veto), or None for every response token.
     """
     part = batch.rows(rows)
     width = part.response_width

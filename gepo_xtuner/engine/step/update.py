@@ -74,18 +74,42 @@ class UpdateSettings:
             policy ``mu`` other than the proximal policy ``pi_prox`` whose logprobs are
             the recomputed old logprobs (overlapped rollouts with bounded staleness,
             engine/trainer mismatch). Per token ``w_t = pi_prox / mu =
-            exp(old_logprobs_t - rollout_logprobs_t)``, a constant; the ratio of every
-            loss stays ``pi_theta / pi_prox`` (PPO clips it, CISPO clips it as its
+            exp(d_t)``, ``d_t = old_logprobs_t - rollout_logprobs_t``; per response ``i``
+            (valid tokens ``T_i``, ``n_i`` of them) ``W_i^seq = exp(sum_{T_i} d_t)`` (the
+            product of its ``w_t``) and ``W_i^geo = exp(sum_{T_i} d_t / n_i)`` (their
+            geometric mean); all constants (exponents clamped to ``[-20, 20]``); the ratio
+            of every loss stays ``pi_theta / pi_prox`` (PPO clips it, CISPO clips it as its
             weight, both against ``pi_prox``). One of ``'none'`` (default: nothing is
             computed, the update is bit for bit the uncorrected one), ``'truncate'``
-            (decoupled PPO / truncated importance sampling: the per-token loss becomes
-            ``min(w_t, C) * l_t``) or ``'mask'`` (tokens with ``w_t`` outside
-            ``[1/C, C]`` leave the loss and the token-mean / seq-mean denominators over
-            the whole minibatch and all ranks; a response left with no token leaves the
-            sequence count, as an empty one; kept tokens weigh 1). See
-            :mod:`gepo_xtuner.loss.behaviour`. With ``mu = pi_prox``, ``w_t = 1`` exactly.
-        behaviour_cap: ``C > 1``, the cap of ``'truncate'`` and the band ``[1/C, C]`` of
-            ``'mask'``; ignored by ``'none'``.
+            (decoupled PPO, Hilton et al. 2021 / truncated importance sampling, TRL's
+            ``token_truncate``: the per-token loss becomes ``min(w_t, C) * l_t``),
+            ``'mask'`` (token rejection, verl / XTuner ``rollout_is`` token level: tokens
+            with ``w_t`` outside ``[1/C, C]`` leave the loss and the token-mean / seq-mean
+            denominators over the whole minibatch and all ranks; a response left with no
+            token leaves the sequence count, as an empty one; kept tokens weigh 1),
+            ``'sequence_truncate'`` (TRL's ``vllm_importance_sampling_mode``
+            ``sequence_truncate``: every token of response ``i`` gets
+            ``min(W_i^seq, C) * l_t``), ``'sequence_mask'`` (TRL's ``sequence_mask``,
+            two-sided here: a response with ``W_i^seq`` outside ``[1/C, C]`` leaves the
+            loss and the denominators whole, like a response all of whose tokens
+            ``'mask'`` dropped), ``'geometric_truncate'`` / ``'geometric_mask'`` (the same
+            with ``W_i^geo``, the length-normalised ratio of GSPO, Zheng et al. 2025, and
+            of verl / XTuner's ``rollout_is_level='geometric'``; unlike ``W^seq`` it does not
+            drift away from 1 with the response length). See
+            :mod:`gepo_xtuner.loss.behaviour`. With ``mu = pi_prox``, ``w_t = W_i = 1``
+            exactly.
+        behaviour_cap: ``C > 1``, the cap of the truncate modes and the band ``[1/C, C]`` of
+            the mask modes; ignored by ``'none'``.
+        behaviour_veto: ``v`` in ``(0, 1)``, or None (default: off). A response holding any
+            valid token with ``w_t < v`` leaves the loss and the token-mean / seq-mean
+            denominators whole, as ``'sequence_mask'`` drops a response (verl's
+            ``rollout_is_veto_threshold``, ``1e-4`` in its examples; XTuner's takes an
+            ``(upper, lower)`` pair, this is its lower side; such a token marks a sample the
+            weights cannot repair, e.g. one the trainer's weights would almost never draw).
+            Applied on top of any ``behaviour_correction``, ``'none'`` included (then the
+            veto is the only correction, no weights, as verl rejects with its veto even
+            when it does not apply the weights; XTuner runs its veto only with a correction
+            on); ``offpolicy/frac_vetoed`` logs the share of responses it dropped.
     """
 
     minibatch_responses_per_rank: int = 32
@@ -97,6 +121,7 @@ class UpdateSettings:
     norm_length: float | None = None
     behaviour_correction: str = field(default='none', metadata={'key': False})
     behaviour_cap: float = 2.0
+    behaviour_veto: float | None = None
 
     def __post_init__(self) -> None:
         if min(self.minibatch_responses_per_rank, self.ppo_epochs) < 1:
@@ -113,7 +138,8 @@ class UpdateSettings:
         if self.norm_length is not None and not self.norm_length > 0:
             raise ValueError(f'train_cfg.norm_length must be > 0 or None, got '
                              f'{self.norm_length!r}')
-        check_behaviour_correction(self.behaviour_correction, self.behaviour_cap)
+        check_behaviour_correction(self.behaviour_correction, self.behaviour_cap,
+                                   self.behaviour_veto)
 
     @property
     def logprob_budget(self) -> int | None:
@@ -179,9 +205,14 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     no denominator. With ``settings.behaviour_correction`` the rollout's logprobs
     (``batch.rollout_logprobs``, the behaviour policy ``mu``) and ``old_logprobs``
     (``pi_prox``) give each token its weight ``w = pi_prox / mu``
-    (:class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`): ``'truncate'`` passes
-    ``min(w, C)`` to the loss, ``'mask'`` counts only the tokens with ``w`` in
-    ``[1/C, C]``, in the loss and in the minibatch's token / response totals.
+    (:class:`~gepo_xtuner.loss.behaviour.BehaviourCorrection`), and each response its
+    product ``W^seq`` or geometric mean ``W^geo``: the truncate modes pass ``min(w, C)``
+    (``'truncate'``) or ``min(W, C)`` on every token of the response
+    (``'sequence_truncate'``, ``'geometric_truncate'``) to the loss; the mask modes count
+    only the tokens with ``w`` in ``[1/C, C]`` (``'mask'``) or the responses with ``W`` in
+    it (``'sequence_mask'``, ``'geometric_mask'``), in the loss and in the minibatch's
+    token / response totals; ``settings.behaviour_veto`` takes every response with a token
+    ``w < v`` out of both, in any mode.
 
     Every rank takes the same number of steps per pass:
     ``ceil(N / minibatch_responses_per_rank)``, or, when rows were removed on any rank
@@ -206,10 +237,12 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
         ``optim/steps``, ``optim/micro_batches`` (mean per step), ``optim/rows_trained``,
         ``optim/minibatch_rows`` (rows per step over all ranks),
         ``optim/grad_norm`` (mean before clipping, when the wrapper clips) and, unless
-        ``settings.behaviour_correction`` is ``'none'``, ``offpolicy/weight_mean``,
-        ``offpolicy/weight_max`` (of ``w = pi_prox / mu`` over the valid tokens of the
-        trained rows on all ranks, before the cap) and ``offpolicy/frac_truncated`` or
-        ``offpolicy/frac_masked`` (:meth:`BehaviourCorrection.metrics`).
+        ``settings.behaviour_correction`` is ``'none'`` with no veto, ``offpolicy/*``
+        over the valid tokens / responses of the trained rows on all ranks, before the cap:
+        ``weight_mean`` and ``weight_max`` of ``w = pi_prox / mu``, then
+        ``frac_truncated`` or ``frac_masked`` (token modes), ``seq_weight_mean``,
+        ``seq_weight_max`` and ``frac_seq_truncated`` or ``frac_seq_masked`` (sequence /
+        geometric modes), ``frac_vetoed`` (veto on) (:meth:`BehaviourCorrection.metrics`).
     """
     device = next(_unwrapped(model).parameters()).device
     packed = _packs(_unwrapped(model), batch)
@@ -218,10 +251,11 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     prompt_len, response_len = batch.lengths()
     n_total, kept_total = (int(v) for v in all_reduce(
         torch.tensor([float(len(batch)), float(len(rows))], dtype=torch.float64)).tolist())
-    # None for 'none': then counted == response_mask and the loss inputs carry nothing new
+    # None for 'none' without a veto: then counted == response_mask and the loss inputs
+    # carry nothing new
     correction = BehaviourCorrection.of(old_logprobs, batch.rollout_logprobs,
                                         batch.response_mask, settings.behaviour_correction,
-                                        settings.behaviour_cap)
+                                        settings.behaviour_cap, settings.behaviour_veto)
     weights = None if correction is None else correction.loss_weights
     kept = None if correction is None else correction.loss_mask
     counted = batch.response_mask if kept is None else kept  # the tokens the loss counts
@@ -272,7 +306,7 @@ def ppo_update(model: torch.nn.Module, optim_wrapper: Any, batch: ResponseBatch,
     if correction is not None:
         sums, top = correction.metric_sums(rows)
         metrics.update(correction.metrics(correction.mode, all_reduce(sums),
-                                          all_reduce(top, 'max')))
+                                          all_reduce(top, 'max'), correction.veto))
     return metrics
 
 
@@ -405,7 +439,7 @@ def resolve_behaviour_correction(correction: str, max_staleness: int) -> str:
 
 
 def behaviour_refusal(logprob_temperature: float, params: SamplingParams, correction: str,
-                      entropy_logprobs: str) -> str | None:
+                      entropy_logprobs: str, veto: float | None = None) -> str | None:
     """Why the rollout's logprobs cannot be used as the sampling policy's, or None.
 
     The behaviour logprobs of a response are ``log softmax(z / tau)`` at the sampled
@@ -414,14 +448,16 @@ def behaviour_refusal(logprob_temperature: float, params: SamplingParams, correc
     logprobs: ``t = 1``) gives ``z_y / t - logsumexp(z / t)``; the tempered value needs
     ``logsumexp(z / tau)`` over the whole vocabulary under the weights that sampled,
     which nobody holds any more: there is no rescaling. So with ``t != tau`` the
-    importance weight ``exp(proximal - behaviour)`` and a group entropy from behaviour
-    logprobs would be those of another distribution, and are refused.
+    importance weight ``exp(proximal - behaviour)`` (and the veto that reads it) and a
+    group entropy from behaviour logprobs would be those of another distribution, and are
+    refused.
 
     Args:
         logprob_temperature: ``t``, from the backend's ``logprob_temperature(params)``.
         params: the training sampling (``tau = params.temperature``).
         correction: the resolved ``train_cfg.behaviour_correction``.
         entropy_logprobs: ``train_cfg.entropy_logprobs``.
+        veto: ``train_cfg.behaviour_veto``.
 
     Returns:
         None when ``t == tau`` or nothing reads the rollout's logprobs as the sampling
@@ -430,6 +466,7 @@ def behaviour_refusal(logprob_temperature: float, params: SamplingParams, correc
     if logprob_temperature == params.temperature:
         return None
     uses = ([f"train_cfg.behaviour_correction='{correction}'"] if correction != 'none' else []) + (
+        [f'train_cfg.behaviour_veto={veto!r}'] if veto is not None else []) + (
         ["train_cfg.entropy_logprobs='behaviour'"] if entropy_logprobs == 'behaviour' else [])
     if not uses:
         return None
@@ -438,7 +475,8 @@ def behaviour_refusal(logprob_temperature: float, params: SamplingParams, correc
             f'reports them at temperature {logprob_temperature:g} (LMDeploy returns raw logprobs, '
             'before the temperature) and they cannot be rescaled; sample at '
             f'train_cfg.sampling.temperature={logprob_temperature:g}, or set '
-            "behaviour_correction='none' (train on responses one version old without a weight) "
+            "behaviour_correction='none' (train on responses one version old without a weight)"
+            f"{', behaviour_veto=None' if veto is not None else ''} "
             "and entropy_logprobs='proximal'")
 
 
