@@ -439,9 +439,12 @@ class Checker:
                     settings.check_backend(rollout)
                 except ValueError as exc:
                     self.problem('train_cfg', exc)
-                if settings.stage.max_staleness:
-                    self.rows['rollout'] += ('; generation one batch ahead (max_staleness '
-                                             f'{settings.stage.max_staleness})')
+                k = settings.stage.max_staleness
+                if k == 1:
+                    self.rows['rollout'] += '; generation one batch ahead (max_staleness 1)'
+                elif k >= 2:
+                    self.rows['rollout'] += (f'; streaming generation up to {k} batches ahead '
+                                             f'(max_staleness {k})')
             rollout.close()
             self.check_sync_address(raw.rollout)
         from gepo_xtuner.registry import REWARDS

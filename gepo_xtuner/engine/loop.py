@@ -113,10 +113,11 @@ class RLTrainLoop(BaseLoop):
         self._resume: dict[str, Any] | None = None  # this rank's saved entry, on --resume
         self._prime_buckets = False  # see optim_step.prime_gradient_buckets
         self.dataloader_iterator = _InfiniteDataloaderIterator(self.dataloader)
-        # in turn or one batch ahead; the seed is read when used (--resume may replace it)
+        # in turn, one batch ahead or streaming; the seed is read when used (--resume may
+        # replace it)
         self.rollout_stage = build_rollout_stage(cfg.stage, self.rollout,
                                                  self.dataloader_iterator, self.encode_requests,
-                                                 lambda: self.runner.seed)
+                                                 lambda: self.runner.seed, cfg.max_steps)
         if not any(isinstance(h, RLLoopStateHook) for h in runner.hooks):
             runner.register_hook(RLLoopStateHook(), priority='VERY_LOW')
 
@@ -195,6 +196,7 @@ class RLTrainLoop(BaseLoop):
         except BaseException:
             self.rollout_stage.discard()  # no generation left running behind the error
             raise
+        self.rollout_stage.finish()  # e.g. a streaming producer, before the backend closes
         self.runner.call_hook('after_train_epoch')
         self.runner.call_hook('after_train')
         self.rollout.close()  # e.g. stops an LMDeploy server the backend launched

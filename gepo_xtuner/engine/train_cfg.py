@@ -52,21 +52,28 @@ class StageSettings:
     (:mod:`~gepo_xtuner.engine.step.rollout_stage`).
 
     Attributes:
-        max_staleness: 0 (default): generate, then train, strictly in turn. 1: generate
+        max_staleness: how many weight versions a trained response may be behind, an
+            int >= 0. 0 (default): generate, then train, strictly in turn. 1: generate
             the next step's responses on a worker thread while this step is scored and
             trained; each batch is then one weight version old (``rollout/staleness``).
-            Needs a backend that can overlap (not LMDeploy's colocated sleep/wake mode).
+            k >= 2: a producer thread generates groups continuously, at most k batches
+            ahead, each group with the weights it started under; a step trains its
+            batch's groups once complete, k versions old at most
+            (``rollout/staleness[_max]``, ``rollout/buffer_groups``,
+            ``rollout/dropped_stale``). Any k >= 1 needs a backend that can overlap (not
+            LMDeploy's colocated sleep/wake mode).
     """
 
     max_staleness: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_staleness not in (0, 1):
+        k = self.max_staleness
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(
-                f'train_cfg.max_staleness must be 0 (generate, then train) or 1 (generate the '
-                f'next batch while this one trains), got {self.max_staleness!r}: the loop runs '
-                'generation at most one batch ahead, since it pushes weights only between '
-                'generations')
+                f'train_cfg.max_staleness must be an int >= 0, got {k!r}: 0 generates, then '
+                'trains; 1 generates the next batch while this one trains; k >= 2 streams '
+                'groups up to k batches ahead (the most weight versions a trained response '
+                'may be behind)')
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ class TrainCfg:
             checked like ``prompts_per_step``.
         behaviour_correction: the importance weight between the recomputed (proximal)
             old policy and the policy that sampled: ``'auto'`` (``'truncate'`` with
-            ``max_staleness`` 1, else ``'none'``), ``'none'``, per token ``'truncate'``
+            ``max_staleness`` >= 1, else ``'none'``), ``'none'``, per token ``'truncate'``
             or ``'mask'``, per response (product of the token weights, as TRL's
             ``vllm_importance_sampling_mode``) ``'sequence_truncate'`` or
             ``'sequence_mask'``, per response (their geometric mean, as GSPO)

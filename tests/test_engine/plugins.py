@@ -3,7 +3,8 @@
 They are registered like any user plugin: a reward with signal even for an
 untrained policy, a reward that fails on chosen records, a shaper with an entropy band
 of its own (not GEPO's), and an observer hook that writes each rank's advantage state
-after every step, and an in-process rollout backend that records the thread and the
+after every step, one that writes the records each step trained on, and an in-process
+rollout backend that records the thread and the
 weights of each generation.
 """
 
@@ -88,6 +89,20 @@ class DumpAdvantageStateHook(Hook):
                    state=state.state_dict() if state is not None else None,
                    num_prompts=len(data_batch))
         with open(os.path.join(runner.work_dir, f'state_rank{rank}.jsonl'), 'a') as fh:
+            fh.write(json.dumps(row) + '\n')
+
+
+@HOOKS.register_module()
+class TrainedPromptsHook(Hook):
+    """Appends ``{"step", "ids"}`` per step to ``<work_dir>/trained_rank<r>.jsonl``: the
+    ``id`` of every record the step trained on, in order."""
+
+    priority = 'LOWEST'
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        row = dict(step=runner.iter + 1, ids=[r['id'] for r in data_batch])
+        with open(os.path.join(runner.work_dir, f'trained_rank{rank}.jsonl'), 'a') as fh:
             fh.write(json.dumps(row) + '\n')
 
 

@@ -59,7 +59,7 @@ BAD = {
     'wrong_type': {'train_cfg.max_steps': '3'},
     'missing': {'train_cfg.max_steps': None},
     'max_steps': {'train_cfg.max_steps': 0},
-    'max_staleness': {'train_cfg.max_staleness': 2},
+    'max_staleness': {'train_cfg.max_staleness': -1},
     'entropy_logprobs': {'train_cfg.entropy_logprobs': 'foo'},
     'reward_route_by': {'train_cfg.reward_route_by': 'source'},
     'prompts_per_step': {'train_cfg.prompts_per_step': 0},

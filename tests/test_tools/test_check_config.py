@@ -492,6 +492,9 @@ def test_generation_ahead_is_checked_against_the_backend(monkeypatch, locations)
                  env=server)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
-                 'train_cfg.max_staleness=2', env=locations)
-    assert proc.returncode == 1 and 'train_cfg.max_staleness must be 0 (generate, then ' \
-        'train) or 1 (generate the next batch while this one trains), got 2' in proc.stdout
+                 'train_cfg.max_staleness=-1', env=locations)
+    assert proc.returncode == 1 and 'train_cfg.max_staleness must be an int >= 0, got -1' \
+        in proc.stdout
+    proc = check(ROOT / 'configs' / 'gepo_tiny_cpu.py', '--cfg-options',
+                 'train_cfg.max_staleness=3', env=locations)
+    assert proc.returncode == 0 and 'streaming generation up to 3 batches ahead' in proc.stdout

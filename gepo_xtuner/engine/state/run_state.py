@@ -178,7 +178,9 @@ MEANINGS = {
     'max_staleness': (
         'generation now runs {new} batch(es) ahead instead of {old}: with 1, the batch the '
         'checkpoint saved ahead (if any) is trained next, then each batch is one weight '
-        'version old; with 0, a saved batch ahead is dropped and the step generates anew'),
+        'version old; with 2 or more, the streamed groups the checkpoint saved (if any) are '
+        'trained when they fit the new bound, the others generated again; with 0, what was '
+        'saved ahead is dropped and the step generates anew'),
     'max_steps': (
         'the run now ends at step {new} instead of {old}; schedules sized by the number of '
         'steps (learning-rate schedules, the last validation) follow the new end'),

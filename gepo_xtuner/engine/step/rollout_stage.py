@@ -2,7 +2,7 @@
 
 The loop asks one object for a step's records and responses, tells it when weights
 are about to be pushed, and lets it keep its share of the run state; it never asks
-which kind it holds. Two kinds, picked by ``train_cfg.max_staleness``:
+which kind it holds. Three kinds, picked by ``train_cfg.max_staleness``:
 
 - :class:`RolloutStage` (0): draw the step's records, generate their responses with the
   weights of the last push (version = the step), then train; nothing is in flight
@@ -11,11 +11,16 @@ which kind it holds. Two kinds, picked by ``train_cfg.max_staleness``:
   step trained (version = the step - 1) and starts the next one on a worker thread
   (:class:`~gepo_xtuner.engine.step.overlap.RolloutAhead`); it waits for that worker before a
   push, and a checkpoint holds the batch in flight as samples.
+- :class:`~gepo_xtuner.engine.step.stream.RolloutStageStream` (``k >= 2``): a producer
+  thread generates groups continuously, at most ``k`` batches ahead, each group with the
+  weights the backend holds when it starts (staleness ``<= k``); it pauses at a group
+  boundary for each push, and a checkpoint holds its complete groups as samples.
 
 Call order, per step: :meth:`~RolloutStage.next_records`, :meth:`~RolloutStage.responses`,
 (score, advantage, update), :meth:`~RolloutStage.before_sync`, push,
-:meth:`~RolloutStage.step_metrics`, :meth:`~RolloutStage.end_step`; and
-:meth:`~RolloutStage.discard` when the step fails.
+:meth:`~RolloutStage.step_metrics`, :meth:`~RolloutStage.end_step`; then
+:meth:`~RolloutStage.finish` when the run ends, or :meth:`~RolloutStage.discard` when a
+step fails.
 """
 
 from collections.abc import Callable, Iterator
@@ -26,12 +31,13 @@ from ...rollout import RolloutRequest, SamplingParams
 from ...rollout.base import RolloutBackend, RolloutSample
 from .batching import Rollouts
 from .overlap import RolloutAhead, stamp
+from .stream import RolloutStageStream
 from ..runtime.mmengine_private import checkpoint_due
 
 if TYPE_CHECKING:
     from ..train_cfg import StageSettings
 
-__all__ = ['RolloutStage', 'RolloutStageAhead', 'build_rollout_stage']
+__all__ = ['RolloutStage', 'RolloutStageAhead', 'RolloutStageStream', 'build_rollout_stage']
 
 Samples = list[list[RolloutSample]]
 
@@ -83,6 +89,10 @@ class RolloutStage:
 
     def discard(self) -> None:
         """The step failed: leaves nothing running behind the error."""
+
+    def finish(self) -> None:
+        """The run ended (its last step, or a hook's ``stop_training``): leaves nothing
+        running."""
 
     def step_metrics(self, step: int, rollouts: Rollouts, seconds: float) -> dict[str, float]:
         """Generation metrics of step ``step``: ``perf/gen_tokens`` (response tokens of
@@ -185,9 +195,17 @@ class RolloutStageAhead(RolloutStage):
 def build_rollout_stage(settings: 'StageSettings', backend: RolloutBackend,
                         source: Iterator[list[dict]],
                         encode: Callable[[list[dict]], list[RolloutRequest]],
-                        seed: Callable[[], int | None]) -> RolloutStage:
+                        seed: Callable[[], int | None], max_steps: int | None = None
+                        ) -> 'RolloutStage | RolloutStageStream':
     """The stage for ``settings``, the run's checked
-    :class:`~gepo_xtuner.engine.train_cfg.StageSettings` (``max_staleness`` 0 or 1)."""
+    :class:`~gepo_xtuner.engine.train_cfg.StageSettings`: ``max_staleness`` 0 in turn, 1
+    one batch ahead, ``k >= 2`` streaming (which needs ``max_steps``, the run's steps:
+    nothing at or past it is drawn or generated)."""
+    if settings.max_staleness >= 2:
+        if max_steps is None:
+            raise ValueError('build_rollout_stage: max_staleness >= 2 needs max_steps')
+        return RolloutStageStream(backend, source, encode, seed, settings.max_staleness,
+                                  max_steps)
     if settings.max_staleness:
         return RolloutStageAhead(backend, source, encode, seed)
     return RolloutStage(backend, source, encode)

@@ -1,0 +1,438 @@
+"""Streaming generation up to ``k`` batches ahead of the update: ``train_cfg.max_staleness = k >= 2``.
+
+A producer (one worker thread) generates groups (one prompt's K responses) one after
+another, each with the weights the rollout backend holds when the group starts, and
+stamps it with that weight version; the RL loop's step ``s`` trains on the B groups of
+its batch (this rank's source batch ``s``, the records the synchronous loop would
+train at step ``s``) once all of them are complete, the groups that were generated
+earliest first. Timeline (k = 2; ``v`` = the version the backend holds)::
+
+    main thread:  take batch s | reward | advantage | update | pause | push v=s+1 | resume
+    producer:     ... groups of batches s+1, s+2 (v = s) ...  |parked|  ... s+3 (v = s+1)
+
+The rules:
+
+- **Version.** ``v`` counts the updates the backend holds: the weights of step ``s``
+  (before its update) are version ``s``; a group's staleness when step ``s`` trains it is
+  ``s - v``.
+- **Pacing (the bound).** The producer starts a group of batch ``j`` only while the
+  backend holds a version ``v >= j - k``, and only for ``j < max_steps``; so a trained
+  group is never more than ``k`` versions old, and the buffer of complete, untrained
+  groups holds at most ``k`` batches after a step took its own (``(k + 1) * B`` while
+  the step waits). A producer faster than the trainer parks at the bound; one slower
+  than the trainer leaves the step waiting for its batch (``time/rollout``).
+- **Too old.** A group with ``s - v > k`` at the step ``s`` that would train it is
+  dropped, and its prompt generated again with the current weights, first in the
+  producer's order; counted per step in ``rollout/dropped_stale``. By the pacing this
+  never happens within a run: it catches groups restored from a checkpoint written with
+  a larger ``max_staleness``.
+- **Whole groups, one version.** Before each weight push the main thread pauses the
+  producer and waits until it is between groups (:meth:`RolloutStageStream.before_sync`,
+  ``time/rollout_pause_wait``); it resumes once the push (and any validation, which
+  uses the same backend) is done, at the end of the step. Every group is one
+  :meth:`~gepo_xtuner.rollout.RolloutBackend.generate` call of one request, so every
+  response of a group comes from one version. Partial rollouts (a group continued
+  across a push) are not done.
+- **Checkpoint.** A checkpoint saved at the end of step ``s`` holds the producer's
+  complete, untrained groups (batches ``s + 1 .. s + k``) as samples: token ids,
+  logprobs, finish reasons, weight version, with the batch and position they answer and
+  the record's ``id``; groups in flight or not started are not saved and are generated
+  again after ``--resume`` (with the checkpoint's weights, so possibly fresher than the
+  uninterrupted run's). A resumed run re-draws its batches from the data position of
+  the step (as every stage does), matches each saved group to its batch and position
+  by the record id, and trains every prompt exactly once: batch ``s`` at step ``s``.
+- **Reproducibility.** Which version each group gets depends on thread timing (how far
+  the producer got before each push), so the versions, and hence the trained responses
+  and weights, may differ between two runs with the same seed. What is fixed: the
+  records of every step (batch ``s`` at step ``s``, as the synchronous loop), and each
+  group's sampling seed, a function of the run's seed, the rank, the batch and the
+  position (:func:`group_seed`); the in-process backend samples from a private
+  generator seeded with it, so a group's responses are a function of (its weights, its
+  prompt, its seed): given the versions, the content is deterministic. Servers that
+  ignore the seed are not.
+
+The producer calls nothing but :meth:`~gepo_xtuner.rollout.RolloutBackend.generate`
+(no collective, no tokenizer): the main thread draws and encodes the batches the
+producer may reach, at the first step and at the end of every step.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from mmengine.logging import print_log
+
+from ...ops.distributed import dist_rank, dist_world_size
+from ...rollout import RolloutRequest, SamplingParams
+from ...rollout.base import RolloutBackend, RolloutSample
+from ..runtime.mmengine_private import checkpoint_due
+from ..state.run_state import gather_to_first
+from .batching import Rollouts
+from .overlap import ahead_seed, sampling_signature, stamp
+
+__all__ = ['RolloutStageStream', 'group_seed']
+
+Samples = list[list[RolloutSample]]
+#: the run-state key of a rank's saved groups
+STATE_KEY = 'rollout_stream'
+
+
+def group_seed(seed: int | None, rank: int, batch: int, position: int) -> int:
+    """The private sampling seed of the group answering prompt ``position`` of batch
+    ``batch`` on ``rank``: a pure function of the run's seed, so a regenerated group (a
+    resume, a drop) samples with the seed the first try had."""
+    return (ahead_seed(seed, rank, batch) * 1_000_003 + position) % 2**63
+
+
+@dataclass
+class _Slot:
+    """One prompt of a drawn batch and, once generated, its group.
+
+    Attributes:
+        record_id: the record's ``id`` (what a restored group is matched by).
+        request: its encoded rollout request.
+        group: the K responses, each stamped with ``version``; None until complete.
+        version: the weight version the group was sampled with.
+        seconds: wall time of the group's ``generate`` call.
+        busy: the producer is generating it now.
+    """
+
+    record_id: Any
+    request: RolloutRequest
+    group: list[RolloutSample] | None = None
+    version: int = -1
+    seconds: float = 0.0
+    busy: bool = False
+
+
+class RolloutStageStream:
+    """Streaming generation with up to ``max_staleness = k >= 2`` versions in flight.
+
+    Answers the RL loop's calls as :class:`~gepo_xtuner.engine.step.rollout_stage.RolloutStage`
+    does (same order, same returns); what differs is where the responses come from (the
+    module docstring's rules).
+
+    Args:
+        backend: a rollout backend that can overlap (``check_overlap()``), prepared with
+            ``prepare_overlap()`` in :meth:`start`.
+        source: the step records, one list of B prompt records per step.
+        encode: records -> rollout requests (main thread only).
+        seed: returns the run's seed (read when a group is sampled).
+        max_staleness: ``k >= 1``, the most versions a trained group may be behind.
+        max_steps: the run's last step + 1: no batch at or past it is drawn or generated.
+    """
+
+    def __init__(self, backend: RolloutBackend, source: Iterator[list[dict]],
+                 encode: Callable[[list[dict]], list[RolloutRequest]],
+                 seed: Callable[[], int | None], max_staleness: int, max_steps: int) -> None:
+        self.backend = backend
+        self.source = source
+        self.encode = encode
+        self.seed = seed
+        self.max_staleness = max_staleness
+        self.max_steps = max_steps
+        self._cv = threading.Condition()
+        # batch index -> (records, slots); batches [_next, _drawn) are drawn, not trained
+        self._batches: dict[int, tuple[list[dict], list[_Slot]]] = {}
+        self._next: int | None = None  # the step that takes next (None: not started)
+        self._drawn = 0  # batches drawn so far (index of the next one to draw)
+        self._version = 0  # updates the backend holds
+        self._params: SamplingParams | None = None
+        self._paused = False
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._saved: dict[str, Any] | None = None  # restored, applied at the first step
+        self._taken: dict[str, float] = {}  # the last take's figures, for step_metrics
+
+    # -- the loop's calls -----------------------------------------------------------------
+    def start(self) -> None:
+        """Prepares the backend; the producer starts at the first step (the loop skips the
+        data already trained after this call, on ``--resume``)."""
+        self.backend.prepare_overlap()
+
+    def next_records(self) -> list[dict]:
+        """Batch ``s``'s records: drawn now at the first step, else drawn ahead."""
+        if self._next is None:
+            return next(self.source)
+        with self._cv:
+            return self._batches[self._next][0]
+
+    def responses(self, step: int, records: list[dict], requests: list[RolloutRequest],
+                  params: SamplingParams, last: bool) -> tuple[Samples, int, float | None]:
+        """Waits until every group of batch ``step`` is complete and takes them.
+
+        At the first step (of a run or after ``--resume``) it also draws and encodes the
+        batches the producer may reach, places the groups a checkpoint saved, and starts
+        the producer.
+
+        Returns:
+            ``(samples, oldest version, generation seconds)``: ``samples[b]`` the group of
+            ``records[b]``, each response stamped with its group's version; the seconds
+            are the sum of the groups' ``generate`` calls.
+        """
+        if self._next is None:
+            self._begin(step, records, requests, params)
+        if step != self._next:
+            raise RuntimeError(f'RolloutStageStream: step {step + 1} asked, but batch '
+                               f'{self._next + 1} is next')
+        k = self.max_staleness
+        with self._cv:
+            _, slots = self._batches[step]
+            dropped = 0
+            for slot in slots:  # too old: generated again now, first in the producer's order
+                if slot.group is not None and step - slot.version > k:
+                    slot.group, dropped = None, dropped + 1
+            if dropped:
+                self._cv.notify_all()
+            while not all(slot.group is not None for slot in slots):
+                self._raise_error()
+                self._cv.wait()
+            del self._batches[step]
+            self._next = step + 1
+            buffered = sum(s.group is not None for _, ss in self._batches.values() for s in ss)
+        if dropped:
+            print_log(f'step {step + 1}: {dropped} group(s) more than max_staleness={k} '
+                      'versions old dropped and generated again with the current weights',
+                      logger='current', level=logging.WARNING)
+        samples = [slot.group for slot in slots]
+        versions = [slot.version for slot in slots]
+        self._taken = {'rollout/staleness': step - sum(versions) / len(versions),
+                       'rollout/staleness_max': float(step - min(versions)),
+                       'rollout/buffer_groups': float(buffered),
+                       'rollout/dropped_stale': float(dropped)}
+        return samples, min(versions), sum(slot.seconds for slot in slots)
+
+    def before_sync(self, clock: Callable[[str], AbstractContextManager]) -> None:
+        """Pauses the producer at the end of the group it is generating (no request in
+        flight during the push)."""
+        with clock('rollout_pause_wait'), self._cv:
+            self._paused = True
+            while self._busy():
+                self._raise_error()
+                self._cv.wait()
+            self._raise_error()
+
+    def discard(self) -> None:
+        """Stops the producer (aborting a running generation) and drops what it held."""
+        self._halt(abort=True)
+        with self._cv:
+            self._batches.clear()
+            self._error, self._next = None, None
+
+    def finish(self) -> None:
+        """The run ended: stops the producer at the end of its group."""
+        self._halt(abort=False)
+
+    def step_metrics(self, step: int, rollouts: Rollouts, seconds: float) -> dict[str, float]:
+        """``perf/gen_tokens[_per_sec]`` (over the groups' own generation time), and
+        ``rollout/staleness`` (mean over the batch's groups of ``step - version``),
+        ``rollout/staleness_max``, ``rollout/buffer_groups`` (complete, untrained groups
+        after the take, at most ``k * B``), ``rollout/dropped_stale`` (groups dropped at
+        this step as too old) and ``time/rollout_generate``."""
+        new_tokens = int(rollouts.batch.response_mask.sum())
+        generation = seconds if rollouts.seconds is None else rollouts.seconds
+        return {'perf/gen_tokens': float(new_tokens),
+                'perf/gen_tokens_per_sec': new_tokens / max(generation, 1e-9),
+                **self._taken, 'time/rollout_generate': generation}
+
+    def end_step(self, runner: Any, max_steps: int, ranks: list[dict[str, Any]]) -> None:
+        """After the push: the backend holds version ``step + 1``; draws (and encodes) the
+        batches that version lets the producer reach, gathers the saved groups at the
+        steps the ``CheckpointHook`` saves at (while the producer is parked: a consistent
+        set), then resumes the producer. A collective (every rank calls it)."""
+        with self._cv:
+            self._version = self._next
+        self._draw()
+        if checkpoint_due(runner, max_steps):
+            self.gather(ranks)
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    # -- run state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's complete, untrained groups (a consistent snapshot; the producer may
+        go on): ``step`` (the next step), ``max_staleness``, ``sampling`` and ``groups``, a
+        list of ``dict(batch, position, prompt_id, version, seconds, samples)`` with the
+        samples as ``(int32 ids, float32 logprobs, finish reason)``."""
+        with self._cv:
+            groups = [dict(batch=j, position=p, prompt_id=slot.record_id, version=slot.version,
+                           seconds=slot.seconds,
+                           samples=[(torch.tensor(s.response_ids, dtype=torch.int32),
+                                     torch.tensor(s.logprobs, dtype=torch.float32),
+                                     s.finish_reason) for s in slot.group])
+                      for j, (_, slots) in sorted(self._batches.items())
+                      for p, slot in enumerate(slots) if slot.group is not None]
+            if self._next is None and self._saved is not None:  # restored, not begun yet
+                return self._saved
+            return dict(step=self._next, max_staleness=self.max_staleness,
+                        sampling=None if self._params is None
+                        else sampling_signature(self._params), groups=groups)
+
+    def gather(self, ranks: list[dict[str, Any]]) -> None:
+        """Puts every rank's groups into ``ranks`` on rank 0; a collective."""
+        for entry, state in zip(ranks, gather_to_first(self.state_dict()) or ()):
+            entry[STATE_KEY] = state
+
+    def complete(self, ranks: list[dict[str, Any]]) -> None:
+        """For a checkpoint saved without :meth:`gather`: this process's own groups, and a
+        warning naming the ranks whose groups are not in it."""
+        if all(STATE_KEY in entry for entry in ranks):
+            return
+        if dist_rank() < len(ranks):
+            ranks[dist_rank()][STATE_KEY] = self.state_dict()
+        missing = [r for r, e in enumerate(ranks) if STATE_KEY not in e]
+        if missing:
+            print_log(f'this checkpoint lacks the streamed groups of ranks {missing} (saved '
+                      "off the CheckpointHook's schedule; they are generated again on resume)",
+                      logger='current', level=logging.WARNING)
+
+    def restore(self, state: dict[str, Any], entry: dict[str, Any] | None) -> None:
+        """Keeps this rank's saved groups for the first step (:meth:`responses` places
+        them); names the ranks without any."""
+        self._saved = None if entry is None else entry.get(STATE_KEY)
+        missing = [r for r, e in enumerate(state.get('ranks', []))
+                   if e.get(STATE_KEY) is None and r < dist_world_size()]
+        if missing:
+            print_log(f'the checkpoint holds no streamed groups for ranks {missing}: their '
+                      "next batches are generated now with the checkpoint's weights",
+                      logger='current', level=logging.WARNING)
+
+    # -- the producer ---------------------------------------------------------------------
+    def _begin(self, step: int, records: list[dict], requests: list[RolloutRequest],
+               params: SamplingParams) -> None:
+        """The first step: batch ``step`` (drawn by :meth:`next_records`) and the batches
+        the backend's version ``step`` lets the producer reach, the saved groups, the
+        producer."""
+        self._params = params
+        self._next = self._drawn = step
+        self._version = step  # the loop pushed the checkpoint's weights on resume
+        self._add_batch(records, requests)
+        self._draw()
+        self._place_saved(step, params)
+        device = (torch.cuda.current_device()
+                  if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
+        self._stop, self._paused, self._error = False, False, None
+        self._thread = threading.Thread(target=self._produce, args=(device, ),
+                                        name='rollout-stream', daemon=True)
+        self._thread.start()
+
+    def _add_batch(self, records: list[dict], requests: list[RolloutRequest]) -> None:
+        with self._cv:
+            self._batches[self._drawn] = (records, [_Slot(r['id'], q)
+                                                    for r, q in zip(records, requests)])
+            self._drawn += 1
+            self._cv.notify_all()
+
+    def _draw(self) -> None:
+        """Draws and encodes (main thread) every batch the producer may reach with the
+        backend's version: up to ``version + k``, before ``max_steps``."""
+        last = min(self._version + self.max_staleness, self.max_steps - 1)
+        while self._drawn <= last:
+            records = next(self.source)
+            self._add_batch(records, self.encode(records))
+
+    def _place_saved(self, step: int, params: SamplingParams) -> None:
+        """Puts the restored groups into the slots they answer; drops (and logs) those
+        that do not fit: sampled otherwise, another record at their place (a changed
+        world size, batch size, dataset or data order), or a batch beyond what this
+        run's ``max_staleness`` draws (they would be too old by then)."""
+        saved, self._saved = self._saved, None
+        if not saved or not saved.get('groups'):
+            return
+        now = sampling_signature(params)
+        if saved.get('sampling') not in (None, now):
+            print_log(f'the {len(saved["groups"])} streamed group(s) restored from the '
+                      'checkpoint were sampled with other settings and are generated again',
+                      logger='current', level=logging.WARNING)
+            return
+        placed, unfit = 0, 0
+        with self._cv:
+            for g in saved['groups']:
+                batch = self._batches.get(g['batch'])
+                slot = (batch[1][g['position']] if batch is not None
+                        and g['position'] < len(batch[1]) else None)
+                if slot is None or slot.record_id != g['prompt_id']:
+                    unfit += 1
+                    continue
+                slot.group = [RolloutSample(ids.tolist(), lps.tolist(), finish, g['version'])
+                              for ids, lps, finish in g['samples']]
+                slot.version, slot.seconds = g['version'], float(g['seconds'])
+                placed += 1
+        print_log(f'resumed at step {step + 1}: {placed} streamed group(s) restored from the '
+                  'checkpoint' + (f', {unfit} that no longer fit their batch (or lie beyond '
+                                  f'max_staleness={self.max_staleness}) generated again'
+                                  if unfit else ''),
+                  logger='current', level=logging.WARNING if unfit else logging.INFO)
+
+    def _busy(self) -> bool:
+        return any(s.busy for _, slots in self._batches.values() for s in slots)
+
+    def _job(self) -> tuple[int, int, _Slot] | None:
+        """The next group to generate: the first missing one in (batch, position) order
+        whose batch the backend's version may reach (version >= batch - k)."""
+        for j in sorted(self._batches):
+            if j > self._version + self.max_staleness:
+                return None
+            for p, slot in enumerate(self._batches[j][1]):
+                if slot.group is None and not slot.busy:
+                    return j, p, slot
+        return None
+
+    def _produce(self, device: int | None) -> None:
+        """The worker: one group per ``generate`` call, parked while paused, at the
+        bound, or with nothing drawn."""
+        if device is not None:  # the current CUDA device is per thread
+            torch.cuda.set_device(device)
+        while True:
+            with self._cv:
+                while True:
+                    if self._stop:
+                        return
+                    job = None if self._paused else self._job()
+                    if job is not None:
+                        break
+                    self._cv.wait()
+                j, p, slot = job
+                slot.busy, version = True, self._version
+                params = replace(self._params, seed=group_seed(self.seed(), dist_rank(), j, p))
+            start = time.perf_counter()
+            try:
+                [group] = self.backend.generate([slot.request], params)
+            except BaseException as exc:  # noqa: BLE001 (re-raised on the main thread)
+                with self._cv:
+                    slot.busy, self._error = False, exc
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                slot.busy = False
+                slot.group, slot.version = stamp([group], version)[0], version
+                slot.seconds = time.perf_counter() - start
+                self._cv.notify_all()
+
+    def _raise_error(self) -> None:
+        """Re-raises (on the main thread, holding the lock) what the producer raised."""
+        if self._error is not None:
+            raise RuntimeError(f'the rollout stream\'s generation failed: {self._error}'
+                               ) from self._error
+
+    def _halt(self, abort: bool) -> None:
+        """Stops and joins the producer (``abort``: cancels a running generation)."""
+        thread = self._thread
+        if thread is None:
+            return
+        with self._cv:
+            self._stop = True
+            busy = self._busy()
+            self._cv.notify_all()
+        abort_call = getattr(self.backend, 'abort', None)
+        if abort and busy and abort_call is not None:
+            abort_call()
+        thread.join()
+        self._thread = None
