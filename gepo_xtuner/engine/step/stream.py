@@ -1,4 +1,4 @@
-"""Streaming generation up to ``k`` batches ahead of the update: ``train_cfg.max_staleness = k >= 2``.
+"""Streaming generation, k batches ahead of the update: ``train_cfg.max_staleness = k >= 2``.
 
 A producer (one worker thread) generates groups (one prompt's K responses) one after
 another, each with the weights the rollout backend holds when the group starts, and
