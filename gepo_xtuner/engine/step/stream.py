@@ -262,6 +262,8 @@ class RolloutStageStream:
         list of ``dict(batch, position, prompt_id, version, seconds, samples)`` with the
         samples as ``(int32 ids, float32 logprobs, finish reason)``."""
         with self._cv:
+            if self._next is None and self._saved is not None:  # restored, not begun yet
+                return self._saved
             groups = [dict(batch=j, position=p, prompt_id=slot.record_id, version=slot.version,
                            seconds=slot.seconds,
                            samples=[(torch.tensor(s.response_ids, dtype=torch.int32),
@@ -269,8 +271,6 @@ class RolloutStageStream:
                                      s.finish_reason) for s in slot.group])
                       for j, (_, slots) in sorted(self._batches.items())
                       for p, slot in enumerate(slots) if slot.group is not None]
-            if self._next is None and self._saved is not None:  # restored, not begun yet
-                return self._saved
             return dict(step=self._next, max_staleness=self.max_staleness,
                         sampling=None if self._params is None
                         else sampling_signature(self._params), groups=groups)
