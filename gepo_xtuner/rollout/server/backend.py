@@ -238,6 +238,7 @@ class ServerRolloutBackend(RolloutBackend):
         self.last_probe_diff: float | None = None  # the last push's largest probe gap
         self._probe_ids: list[int] | None = None
         self._probe_records: dict[int, ProbeRecord] = {}  # rank 0: server index -> record
+        self._identity: dict[int, Any] = {}  # server index -> its IDENTITY_PATH answer
 
     # ------------------------------------------------------------- properties
     @property
@@ -379,6 +380,7 @@ class ServerRolloutBackend(RolloutBackend):
             failure = f'HTTP {e.status}'
         else:
             if isinstance(body, dict | list):
+                self._identity[server.index] = body
                 return True, ''
             failure = f'no JSON but {str(body)[:80]!r}'
         return False, (f'{server.url}/health answered 200 but {self.IDENTITY_PATH} did not '
@@ -632,6 +634,8 @@ class ServerRolloutBackend(RolloutBackend):
         the first push checks it anyway."""
         expected = self._trainer_probe(model)
         tolerance = self.probe_tolerance
+        if expected is None:
+            return
         for s in self._pool.ready_servers():
             try:
                 got = self._score(s.http, self._probe_ids, min(self.timeout_s, PROBE_TIMEOUT_S))
@@ -649,11 +653,15 @@ class ServerRolloutBackend(RolloutBackend):
                 continue
             self._probe_records[s.index] = ProbeRecord(expected, got, self._pool.version)
 
-    def _trainer_probe(self, model: nn.Module) -> list[float]:
+    def _trainer_probe(self, model: nn.Module) -> list[float] | None:
         """Rank 0: the trainer's logprobs of the probe sequence (built on first use from
-        the model's vocabulary size)."""
+        the model's vocabulary size); ``None`` for a model without ``config.vocab_size``
+        (not a language model the servers could run, e.g. a test's stand-in module)."""
+        vocab = vocab_size(model)
+        if vocab is None:
+            return None
         if self._probe_ids is None:
-            self._probe_ids = probe_ids(vocab_size(model))
+            self._probe_ids = probe_ids(vocab)
         return trainer_logprobs(model, self._probe_ids)
 
     def _score(self, http: HTTPPool, ids: Sequence[int], timeout_s: float) -> list[float]:

@@ -134,7 +134,8 @@ class VLLMRolloutBackend(ServerRolloutBackend):
     # (PUSH_AT_ATTACH), since a server given by server_url may hold another run's.
     def _on_pool(self, pool: ServerPool) -> None:
         if self.model_name is None:
-            self.model_name = _served_model(pool.ready_servers()[0].http)
+            first = pool.ready_servers()[0]
+            self.model_name = _served_model(first.http, self._identity.get(first.index))
 
     def _abort_refused_hint(self) -> str:
         return ' (start it with VLLM_SERVER_DEV_MODE=1)'
@@ -291,8 +292,10 @@ def _push_hint(e: Exception, method: str) -> str:
     return ''
 
 
-def _served_model(http: HTTPPool) -> str:
-    body = http.request('GET', '/v1/models', timeout_s=30.0)
+def _served_model(http: HTTPPool, body: Any = None) -> str:
+    """The first model ``GET /v1/models`` lists (``body``: its answer, when asked already)."""
+    if body is None:
+        body = http.request('GET', '/v1/models', timeout_s=30.0)
     try:
         return str(body['data'][0]['id'])
     except (KeyError, IndexError, TypeError):
