@@ -392,7 +392,9 @@ def test_one_rl_step_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
     assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
     assert logged[1]['rollout/server/0/requests'] == 4 * 4  # B x K, one request each
     assert not server.engine.groups  # the trainer tore its group down at the end
-    assert len(server.engine.requests) == 16
+    probes = [r for r in server.engine.requests if r['gen_config'].logprob_start_len >= 0]
+    assert len(server.engine.requests) - len(probes) == 16
+    assert len(probes) == 2  # the push check: at attach, and after the one push
 
 
 def _two_rank_sleep_level_2(rank: int, url: str, init_file: str, out: str) -> None:
@@ -449,6 +451,11 @@ def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_pa
     generate, receive = engine.generate, engine.update_weights_from_distributed
 
     async def logged_generate(*args, **kwargs):
+        if args[2].logprob_start_len >= 0:  # the push check's probe, right after a push
+            events.append('probe')
+            async for out in generate(*args, **kwargs):
+                yield out
+            return
         events.append('start')
         try:
             async for out in generate(*args, **kwargs):
@@ -477,7 +484,8 @@ def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_pa
     assert all('offpolicy/weight_mean' in logged[t] for t in (2, 3))
     # 3 batches of B x K = 16 requests, 3 pushes, never one while a request runs
     assert events.count('start') == 48 and events.count('push') >= 3
+    assert events.count('probe') == 4  # at attach and after each of the 3 pushes
     running = 0
     for event in events:
-        running += {'start': 1, 'end': -1, 'push': 0}[event]
-        assert event != 'push' or running == 0, events
+        running += {'start': 1, 'end': -1, 'push': 0, 'probe': 0}[event]
+        assert event not in ('push', 'probe') or running == 0, events

@@ -74,18 +74,18 @@ def test_a_gap_beyond_the_tolerance_fails_and_says_how_far_the_old_weights_are()
     assert why is not None
 
 
-@pytest.mark.parametrize('build', [
-    lambda ws: LMDeployRolloutBackend(server_url='http://a:1', weight_sync=ws),
-    lambda ws: VLLMRolloutBackend(server_url='http://a:1', weight_sync=ws)])
-def test_a_probe_setting_with_mode_none_is_refused(build):
+@pytest.mark.parametrize('build, pushing', [
+    (lambda ws: LMDeployRolloutBackend(server_url='http://a:1', weight_sync=ws), 'nccl'),
+    (lambda ws: VLLMRolloutBackend(server_url='http://a:1', weight_sync=ws), 'disk')])
+def test_a_probe_setting_with_mode_none_is_refused(build, pushing):
     with pytest.raises(ValueError, match=r"mode 'none' pushes no weights, so "
                                          r'probe_tolerance=0.01 would check nothing'):
         build(dict(mode='none', probe_tolerance=0.01))
     with pytest.raises(ValueError, match='probe_tolerance must be a positive number, or None'):
-        build(dict(mode='disk', shared_dir='/tmp/x', probe_tolerance=-1))
+        build(dict(mode=pushing, probe_tolerance=-1))
     assert build(dict(mode='none')).probe_tolerance is None
-    assert build(dict(mode='disk', shared_dir='/tmp/x', probe_tolerance=None)
-                 ).probe_tolerance is None
+    assert build(dict(mode=pushing, probe_tolerance=None)).probe_tolerance is None
+    assert build(dict(mode=pushing)).probe_tolerance == DEFAULT_TOLERANCE
 
 
 def test_the_probe_is_lmdeploys_own_scoring_request(real_server, tiny_model_dir):
