@@ -20,7 +20,7 @@ from ..server.backend import (
     barrier,
 )
 from ..server.http import HTTPPool, ServerRequestError
-from ..server.pool import Server, is_asleep, is_ready
+from ..server.pool import Server, is_asleep
 from .protocol import (
     LMDeployProtocolError,
     build_generate_payload,
