@@ -13,13 +13,18 @@ is replaced: ``serve()`` asks ``get_task`` for its ``AsyncEngine`` class and get
 engine needs CUDA). The stand-in generates token by token with a Hugging Face causal LM
 in float32, returns raw logprobs (``log_softmax`` of the unscaled logits, as
 ``--logprobs-mode raw_logprobs``), cancels on ``async_cancel`` (``/sleep`` aborts running
-requests), and joins weight-update groups with LMDeploy's own
+requests), scores given tokens as the PyTorch engine does for ``logprob_start_len``
+(``max_new_tokens=0``: one forward pass, raw logprobs of the input tokens after the
+boundary), and joins weight-update groups with LMDeploy's own
 ``init_custom_process_group`` (any torch backend: gloo on CPU). CUDA-IPC weights
 (``/update_weights``) cannot be rebuilt without a GPU: the stand-in raises, as the real
 engine does there.
 
 Test hooks on :class:`CPUEngine`: ``token_delay_s`` (per generated token),
-``failing`` (names of engine calls that raise while listed, e.g. ``'sleep'``), and the
+``failing`` (names of engine calls that raise while listed, e.g. ``'sleep'``),
+``ignore_updates_file`` (while that file exists, a weight update is received and
+answered as a success but not loaded: a reload that never reaches the weights; in a
+server process of its own, set by ``GEPO_CPU_ENGINE_IGNORE_UPDATES_FILE``), and the
 records ``max_running`` (requests generating at once) and ``requests``.
 """
 
@@ -69,6 +74,7 @@ class CPUEngine:
         self.engine_config = engine_config
         self.token_delay_s = 0.0
         self.failing: set[str] = set()
+        self.ignore_updates_file = os.environ.get('GEPO_CPU_ENGINE_IGNORE_UPDATES_FILE')
         self.requests: list[dict] = []
         self.running = 0
         self.max_running = 0
@@ -147,11 +153,26 @@ class CPUEngine:
     def _items(multimodal: Any) -> list[dict]:
         return list(multimodal['image'] if isinstance(multimodal, dict) else multimodal)
 
+    def _score(self, input_ids: list[int], start: int,
+               images: dict[str, torch.Tensor] | None) -> list[dict[int, float]]:
+        """Raw logprobs of ``input_ids[start + 1:]``, one ``{token: logprob}`` per token
+        (the input-logprob rows of the PyTorch engine, ``logprobs_mode`` raw_logprobs)."""
+        with self._model_lock, torch.no_grad():
+            logits = self.model(input_ids=torch.tensor([input_ids]), **(images or {})).logits
+        raw = torch.log_softmax(logits[0, :-1].float(), -1)
+        return [{int(t): float(raw[i, t])} for i, t in enumerate(input_ids[1:]) if i >= start]
+
     async def generate(self, session_id: int, input_ids: list[int], gen_config: Any,
                        multimodal: Any = None):
         images = self._images(list(input_ids), multimodal)
         self.requests.append({'input_ids': list(input_ids), 'gen_config': gen_config,
                               'images': 0 if images is None else len(self._items(multimodal))})
+        if gen_config.logprob_start_len >= 0:  # scoring only (AsyncEngine checked the rest)
+            rows = await asyncio.to_thread(self._score, list(input_ids),
+                                           gen_config.logprob_start_len, images)
+            self.tick += 1
+            yield EngineOutput(ResponseType.FINISH, [], logprobs=rows)
+            return
         stops = set() if gen_config.ignore_eos else set(gen_config.stop_token_ids or [])
         limit = min(gen_config.max_new_tokens,
                     self.engine_config.session_len - len(input_ids))
@@ -236,6 +257,8 @@ class CPUEngine:
         unknown = [name for name, _ in named if name not in self.checkpoint_params]
         if unknown:  # LMDeploy's loader looks tensors up by their checkpoint names
             return False, f'no parameter named {unknown[:3]} in the checkpoint'
+        if self.ignore_updates_file and os.path.exists(self.ignore_updates_file):
+            return True, 'Succeeded to update parameter online.'  # and loaded nothing
         with self._model_lock, torch.no_grad():
             for name, t in named:
                 self.checkpoint_params[name].copy_(t)

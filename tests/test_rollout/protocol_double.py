@@ -183,6 +183,8 @@ class LMDeployProtocolDouble:
             return {'status': status, 'message': f'Engine is {status}.'}
         if method == 'GET' and path == '/is_sleeping':
             return {'is_sleeping': bool(self.sleeping_tags)}
+        if method == 'GET' and path == '/v1/models':
+            return {'object': 'list', 'data': [{'id': 'double', 'object': 'model'}]}
         if method != 'POST':
             raise _error(HTTPStatus.NOT_FOUND, f'no route {method} {path}')
         # LMDeploy's validate_json_request dependency on every POST route used here.
@@ -253,6 +255,15 @@ class LMDeployProtocolDouble:
         if req.max_tokens < 0:
             raise _error(HTTPStatus.BAD_REQUEST, f'The max_tokens {req.max_tokens!r} must be '
                          'non-negative.')
+        if req.logprob_start_len >= 0:
+            if req.return_logprob is not True:
+                raise _error(HTTPStatus.BAD_REQUEST,
+                             'logprob_start_len requires return_logprob=True.')
+            if req.max_tokens != 0:
+                raise _error(HTTPStatus.BAD_REQUEST, 'logprob_start_len requires max_tokens=0.')
+        elif req.max_tokens == 0:
+            raise _error(HTTPStatus.BAD_REQUEST, f'The max_tokens {req.max_tokens!r} must be a '
+                         'positive integer.')
         if req.top_p is not None and not 0 < req.top_p <= 1:
             raise _error(HTTPStatus.BAD_REQUEST, f'The top_p {req.top_p!r} must be in (0, 1].')
         if req.top_k is not None and req.top_k < 0:
@@ -280,6 +291,17 @@ class LMDeployProtocolDouble:
 
     @torch.no_grad()
     def _generate(self, req: GenerateReqInput) -> dict:
+        if req.logprob_start_len >= 0:  # scoring only: the input tokens' raw logprobs
+            with self._model_lock:
+                logits = self.model(input_ids=torch.tensor([req.input_ids])).logits[0, :-1]
+            raw = torch.log_softmax(logits.float(), -1)
+            rows = [(raw[i, t].item(), t) for i, t in enumerate(req.input_ids[1:])
+                    if i >= req.logprob_start_len]
+            meta = GenerateReqMetaOutput(prompt_tokens=len(req.input_ids), completion_tokens=0,
+                                         finish_reason={'type': 'length'},
+                                         input_token_logprobs=rows)
+            return GenerateReqOutput(text='', output_ids=[], meta_info=meta).model_dump(
+                mode='json')
         stops = set(req.stop_token_ids or self.stop_words or []) | self.eos_ids
         sent = req.model_dump(exclude_unset=True)
         cfg = {**self.gen_defaults, **{k: sent[k] for k in _SAMPLING_FIELDS

@@ -303,12 +303,16 @@ def test_launched_server_and_nccl_protocol_with_gloo_broadcast(tiny_model_dir, t
     """The server launched by the backend (its own process, as in production; the two ends
     of a weight-update group cannot share one), then init/update/destroy weights-update
     group through LMDeploy's endpoints, gloo in place of NCCL; the stand-in joins with
-    LMDeploy's ``init_custom_process_group``."""
+    LMDeploy's ``init_custom_process_group``. Every push passes the push check (on by
+    default); once the engine is told to ignore weight updates (it receives them and
+    answers success), the next push is caught, naming the server and the gap."""
     model, tok = load_policy(tiny_model_dir)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=(EOS_ID,))
+    ignore = tmp_path / 'ignore_updates'
     backend = LMDeployRolloutBackend(launch={
         'model_path': str(tiny_model_dir), 'port': 0, 'command': SERVER_COMMAND,
-        'env': SERVER_ENV, 'log_file': str(tmp_path / 'server.log'), 'startup_timeout_s': 120},
+        'env': {**SERVER_ENV, 'GEPO_CPU_ENGINE_IGNORE_UPDATES_FILE': str(ignore)},
+        'log_file': str(tmp_path / 'server.log'), 'startup_timeout_s': 120},
         max_retries=0, weight_sync={'mode': 'nccl', 'backend': 'gloo', 'timeout_s': 60,
                                     'bucket_bytes': 1 << 16})
     backend.attach(model, tok)
@@ -319,9 +323,21 @@ def test_launched_server_and_nccl_protocol_with_gloo_broadcast(tiny_model_dir, t
                 for p in model.parameters():
                     p.add_(torch.randn(p.shape, generator=gen) * 0.5)
             backend.update_weights(model)
+            assert backend.pop_metrics()['rollout/probe_abs_diff'] < 1e-4  # float32 both
             got = backend.generate(_requests(PROMPTS[:2]), greedy)
             assert [g[0].response_ids for g in got] == \
                 [g[0].response_ids for g in _hf(model, tok, PROMPTS[:2], greedy)]
+        ignore.touch()  # the engine now drops what it receives
+        with torch.no_grad():
+            for p in model.parameters():  # a small step: within the tolerance
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 1e-3)
+        with pytest.raises(LMDeployServerError) as caught:
+            backend.update_weights(model)
+        message = str(caught.value)
+        assert f'LMDeploy server {backend.url}: after weight push 3' in message, message
+        assert 'the ones it gave for weight version 2' in message
+        assert 'did not reach the engine' in message and "the trainer's moved by up to" in message
+        ignore.unlink()
         # a refused group operation is a 400 with the reason, reported at once
         answer = httpx.post(f'{backend.url}/destroy_weights_update_group', headers=JSON,
                             json={'group_name': 'nope'})
@@ -376,7 +392,9 @@ def test_one_rl_step_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_path):
     assert logged[1]['rollout/logprob_abs_diff'] < 1e-4
     assert logged[1]['rollout/server/0/requests'] == 4 * 4  # B x K, one request each
     assert not server.engine.groups  # the trainer tore its group down at the end
-    assert len(server.engine.requests) == 16
+    probes = [r for r in server.engine.requests if r['gen_config'].logprob_start_len >= 0]
+    assert len(server.engine.requests) - len(probes) == 16
+    assert len(probes) == 2  # the push check: at attach, and after the one push
 
 
 def _two_rank_sleep_level_2(rank: int, url: str, init_file: str, out: str) -> None:
@@ -433,6 +451,11 @@ def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_pa
     generate, receive = engine.generate, engine.update_weights_from_distributed
 
     async def logged_generate(*args, **kwargs):
+        if args[2].logprob_start_len >= 0:  # the push check's probe, right after a push
+            events.append('probe')
+            async for out in generate(*args, **kwargs):
+                yield out
+            return
         events.append('start')
         try:
             async for out in generate(*args, **kwargs):
@@ -461,7 +484,8 @@ def test_generation_ahead_through_xtuner_train(lmdeploy_server, tiny_dir, tmp_pa
     assert all('offpolicy/weight_mean' in logged[t] for t in (2, 3))
     # 3 batches of B x K = 16 requests, 3 pushes, never one while a request runs
     assert events.count('start') == 48 and events.count('push') >= 3
+    assert events.count('probe') == 4  # at attach and after each of the 3 pushes
     running = 0
     for event in events:
-        running += {'start': 1, 'end': -1, 'push': 0}[event]
-        assert event != 'push' or running == 0, events
+        running += {'start': 1, 'end': -1, 'push': 0, 'probe': 0}[event]
+        assert event not in ('push', 'probe') or running == 0, events

@@ -158,12 +158,15 @@ class _Proxy:
     drops every connection unanswered, as a server that dies mid-batch; with ``delay_s``,
     it holds each generation that long first, as a slow server; with ``until_abort``, it
     holds each generation until it has passed a ``POST /abort_requests`` on, as a network
-    that delivers them after the abort."""
+    that delivers them after the abort; with ``drop_reloads``, it answers ``POST
+    /collective_rpc`` (the reload) with success itself and never passes it on, as a
+    reload that never reaches the engine."""
 
     def __init__(self, target: str, alive: int = 10**9, delay_s: float = 0.0,
-                 until_abort: bool = False):
+                 until_abort: bool = False, drop_reloads: bool = False):
         proxy = self
         self.target, self.left, self.delay_s = target, alive, delay_s
+        self.dropped = 0  # reloads answered and not passed on
         self.generations = 0  # POST /v1/completions received
         self.aborted = threading.Event()
         if not until_abort:
@@ -188,9 +191,14 @@ class _Proxy:
                     time.sleep(proxy.delay_s)
                     proxy.aborted.wait(60)
                 length = int(self.headers.get('Content-Length') or 0)
-                resp = httpx.request(method, proxy.target + self.path, timeout=120,
-                                     content=self.rfile.read(length) if length else None,
-                                     headers={'Content-Type': 'application/json'})
+                content = self.rfile.read(length) if length else None
+                if drop_reloads and self.path == '/collective_rpc':
+                    proxy.dropped += 1
+                    resp = httpx.Response(200, json={'results': [None]})
+                else:
+                    resp = httpx.request(method, proxy.target + self.path, timeout=120,
+                                         content=content,
+                                         headers={'Content-Type': 'application/json'})
                 if self.path == '/abort_requests':
                     proxy.aborted.set()
                 self.send_response(resp.status_code)
@@ -232,6 +240,35 @@ class _Proxy:
         finally:
             self.server.shutdown()
             self.server.server_close()
+
+
+def test_a_reload_that_never_reaches_the_engine_is_caught_at_the_first_push(policy,
+                                                                          vllm_server):
+    """Every call of the push answers success, but the reload never reaches the engine
+    (a proxy drops it): with the default settings the first push after attach is refused,
+    naming the server, the gap and that its answer did not move while the trainer's did,
+    although the gap is within the default tolerance. The same push straight to the server
+    passes, its gap float32 rounding."""
+    model, direct = policy  # the server holds the policy's weights
+    proxy = _Proxy(vllm_server.url, drop_reloads=True)
+    backend = backend_for(proxy.url)
+    backend.attach(model, None)  # its push is dropped too, but the weights are there already
+    assert backend.pop_metrics()['rollout/probe_abs_diff'] < 1e-4
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():  # a small step: the gap stays within the tolerance
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+    with pytest.raises(VLLMServerError) as caught:
+        backend.update_weights(model)
+    message = str(caught.value)
+    assert f'vLLM server {proxy.url}: after weight push 1' in message, message
+    assert 'the ones it gave for weight version 0' in message
+    assert 'did not reach the engine' in message and "the trainer's moved by up to" in message
+    assert proxy.dropped == 2
+    backend.close()
+    proxy.close()
+    direct.update_weights(model)
+    assert direct.pop_metrics()['rollout/probe_abs_diff'] < 1e-4
 
 
 def test_a_server_that_dies_mid_batch_fails_over_or_fails_clearly(policy, vllm_server):

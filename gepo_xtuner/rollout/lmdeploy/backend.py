@@ -20,15 +20,17 @@ from ..server.backend import (
     barrier,
 )
 from ..server.http import HTTPPool, ServerRequestError
-from ..server.pool import Server, is_asleep, is_ready
+from ..server.pool import Server, is_asleep
 from .protocol import (
     LMDeployProtocolError,
     build_generate_payload,
+    build_probe_payload,
     error_message,
     group_samples,
     has_error_detail,
     hint_for,
     parse_generate_response,
+    parse_probe,
 )
 from .server import LAUNCH_KEYS, LMDeployServerProcess
 from .weights import NCCLWeightSync, check_weight_sync, push_ipc
@@ -100,7 +102,12 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
             ``'disk'`` (``shared_dir``, ``keep``; needs ``launch``: the server is
             restarted on the saved weights) or ``'none'`` (weights never change, e.g.
             evaluation). ``None`` (default) makes :meth:`update_weights` raise, so a
-            training run cannot silently sample from stale weights.
+            training run cannot silently sample from stale weights. The pushing modes
+            take ``probe_tolerance`` (default 1.0; ``None`` switches it off): after each
+            push every server scores a fixed probe sequence (``/generate`` with
+            ``logprob_start_len=0``), which must be within that many nats per token of the
+            trainer's logprobs and must have changed if the trainer's did
+            (:mod:`~gepo_xtuner.rollout.server.probe`); a server that fails is taken out.
         sleep_wake: with mode ``'ipc'``, put the server to sleep after each
             :meth:`generate` (``POST /sleep``: KV cache freed, weights offloaded at
             ``sleep_level`` 1 or dropped at 2) so training gets the GPU memory, and wake
@@ -123,6 +130,11 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
                'launch': 'dict(model_path=...) to start one'}
     #: a launched server answered ``/health`` at its start, and sleeps only when told to
     CHECK_LAUNCHED = False
+    #: ``/generate`` scores given tokens (``logprob_start_len``): pushes are checked
+    SCORES_PROBE = True
+    PROTOCOL_ERRORS = (LMDeployProtocolError, )
+    #: LMDeploy's API server lists its model there (another service does not)
+    IDENTITY_PATH = '/v1/models'
 
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, max_concurrency: int = 64,
@@ -231,7 +243,7 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
         """
         timeout = min(self.timeout_s, PROBE_TIMEOUT_S)
         if not self.sleep_wake:
-            ok, why = is_ready(server.http, timeout)
+            ok, why = super()._check_server(server)
         else:
             try:
                 health = server.http.request('GET', '/health', retries=0, timeout_s=timeout)
@@ -241,7 +253,7 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
             # sleep_level 2 dropped the weights: only a push makes them usable again
             self._updated_since_sleep = not self._asleep or \
                 self.weight_sync.get('sleep_level', 1) == 1
-            ok, why = True, ''
+            ok, why = self._check_identity(server, timeout)
         if ok and (self.weight_sync or {}).get('mode') == 'ipc':
             ranks = _server_ranks(server.http, timeout)
             if ranks > 1:
@@ -366,6 +378,10 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
     def _weight_sync_modes(self) -> str:
         return "mode 'ipc'|'nccl'|'disk', ..."
 
+    def _score(self, http: HTTPPool, ids: Sequence[int], timeout_s: float) -> list[float]:
+        """One ``/generate`` that scores ``ids`` (the push check's probe)."""
+        return _score_probe(http, ids, timeout_s)
+
     def _push_weights(self, model: nn.Module, version: int) -> dict:
         """Rank 0: mode nccl reaches every server (:meth:`_push_all`); ipc and disk
         reach the single server."""
@@ -455,6 +471,11 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
                                            base_model=self.server.model_path)
             self.server.stop()
             self.server.start(str(path))
+
+
+def _score_probe(http: HTTPPool, ids: Sequence[int], timeout_s: float) -> list[float]:
+    return parse_probe(http.request('POST', '/generate', timeout_s=timeout_s,
+                                    json=build_probe_payload(ids)), ids)
 
 
 def _ids(value: Any) -> list[int]:

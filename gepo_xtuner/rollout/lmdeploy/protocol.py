@@ -22,6 +22,10 @@ read from ``lmdeploy/serve/openai/endpoints/generate.py`` and
   ``stop_token_ids`` stops at those and the same EOS ids: they *replace* the template's
   stop words (``AsyncEngine._determine_gen_config``). So ids the server adds anyway
   are not sent, and a request whose stop ids are all among them sends none.
+* ``logprob_start_len=0`` with ``max_tokens=0`` (and ``return_logprob=True``) scores the
+  given ``input_ids`` instead of generating (the weight-push probe): each token after the
+  first comes back as ``meta_info.input_token_logprobs[t - 1] == [logprob, token_id]``.
+  The PyTorch engine answers it (not TurboMind, nor with speculative decoding: 400).
 * ``temperature=0`` is greedy decoding (the server turns it into ``top_k=1``);
   ``top_k=0`` disables top-k. The server has no ``n`` and no seed for this endpoint:
   K responses are K requests, and sampling is not reproducible across runs.
@@ -179,6 +183,38 @@ def parse_generate_response(body: Mapping[str, Any]) -> RolloutSample:
             f'the server returned positive "logprobs" (max {max(logprobs):.3g}): it runs with '
             f'--logprobs-mode raw_logits; {LOGPROBS_HINT}')
     return RolloutSample(response_ids=output_ids, logprobs=logprobs, finish_reason=finish)
+
+
+def build_probe_payload(ids: Sequence[int]) -> dict[str, Any]:
+    """The ``/generate`` body that scores ``ids`` under the server's weights and
+    generates nothing."""
+    return {'input_ids': [int(t) for t in ids], 'max_tokens': 0, 'return_logprob': True,
+            'logprob_start_len': 0, 'stream': False}
+
+
+def parse_probe(body: Any, ids: Sequence[int]) -> list[float]:
+    """``log p(ids[t] | ids[:t])`` for ``t = 1..len(ids)-1`` from a probe answer.
+
+    Raises:
+        LMDeployProtocolError: no ``input_token_logprobs``, or entries that are not the
+            probe's tokens.
+    """
+    try:
+        pairs = body['meta_info']['input_token_logprobs']
+    except (KeyError, TypeError):
+        raise LMDeployProtocolError(f'no meta_info in the answer to the probe: '
+                                    f'{str(body)[:300]}') from None
+    if not isinstance(pairs, list):
+        raise LMDeployProtocolError(
+            'the answer to the probe (logprob_start_len=0, max_tokens=0) has no '
+            'meta_info.input_token_logprobs: the server cannot score a given sequence '
+            '(LMDeploy older than 0.18, or not its PyTorch engine)')
+    tokens = [int(p[1]) for p in pairs]
+    if tokens != [int(t) for t in ids[1:]]:
+        raise LMDeployProtocolError(f'input_token_logprobs are for tokens {tokens[:8]}..., '
+                                    f'the probe is {list(ids[1:9])}... ({len(tokens)} vs '
+                                    f'{len(ids) - 1} tokens)')
+    return [float(p[0]) for p in pairs]
 
 
 def error_message(body: Any) -> str:

@@ -35,15 +35,16 @@ import torch
 from torch import nn
 
 from ..server.http import HTTPPool, ServerRequestError
+from ..server.probe import check_probe_setting
 from ..server.process import free_port
 from ..server.weights import buckets, named_weights
 
 MODES: dict[str, frozenset[str]] = {
     'none': frozenset(),
-    'ipc': frozenset({'bucket_bytes', 'dtype', 'sleep_level'}),
+    'ipc': frozenset({'bucket_bytes', 'dtype', 'sleep_level', 'probe_tolerance'}),
     'nccl': frozenset({'bucket_bytes', 'dtype', 'master_address', 'master_port', 'group_name',
-                       'backend', 'server_tp', 'timeout_s'}),
-    'disk': frozenset({'shared_dir', 'keep'}),
+                       'backend', 'server_tp', 'timeout_s', 'probe_tolerance'}),
+    'disk': frozenset({'shared_dir', 'keep', 'probe_tolerance'}),
 }
 
 
@@ -51,13 +52,16 @@ def check_weight_sync(cfg: dict | None) -> dict | None:
     """Validates a ``weight_sync`` config; returns a copy (``None`` stays ``None``).
 
     Raises:
-        ValueError: unknown mode or key, or a missing ``shared_dir`` for ``disk``.
+        ValueError: unknown mode or key, a missing ``shared_dir`` for ``disk``, or a
+            ``probe_tolerance`` that is not a positive number or ``None`` (or is given
+            with mode ``'none'``).
     """
     if cfg is None:
         return None
     if not isinstance(cfg, dict) or cfg.get('mode') not in MODES:
         raise ValueError(f"weight_sync must be a dict with mode in {sorted(MODES)}, got {cfg!r}")
     cfg = dict(cfg)
+    check_probe_setting(cfg)  # before the key check: mode 'none' says why it takes none
     unknown = set(cfg) - {'mode'} - MODES[cfg['mode']]
     if unknown:
         raise ValueError(f"weight_sync mode {cfg['mode']!r} does not take {sorted(unknown)}; "

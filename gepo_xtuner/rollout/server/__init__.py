@@ -10,7 +10,9 @@
 * :mod:`.http`: :class:`HTTPPool`, one server's pooled, thread-safe JSON client with
   retries and bounded concurrency;
 * :mod:`.pool`: :class:`ServerPool`, several servers with least-outstanding dispatch,
-  failover (a failed request is re-sent once to another server), health probes and rejoin.
+  failover (a failed request is re-sent once to another server), health probes and rejoin;
+* :mod:`.probe`: the push check, a server's logprobs of a fixed probe sequence after a
+  push against the trainer's (and against its own answer before the push).
 
 :mod:`gepo_xtuner.rollout.lmdeploy` and :mod:`gepo_xtuner.rollout.vllm` are built on
 these and import nothing from each other; a backend for another server subclasses

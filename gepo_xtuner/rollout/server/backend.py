@@ -13,6 +13,7 @@ extra endpoints (sleep and wake, pause and resume).
 """
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,15 @@ from ...ops.distributed import dist_rank, dist_world_size
 from ..base import RolloutBackend
 from .http import HTTPPool, ServerRequestError
 from .pool import ASLEEP, NoServerError, Server, ServerPool, is_ready
+from .probe import (
+    DEFAULT_TOLERANCE,
+    ProbeRecord,
+    judge,
+    max_abs_diff,
+    probe_ids,
+    trainer_logprobs,
+    vocab_size,
+)
 from .process import LAUNCH_KEYS, ServerProcess, runs_remote_code
 from .weights import WeightDir, save_weights
 
@@ -111,7 +121,12 @@ class ServerRolloutBackend(RolloutBackend):
     hooks :meth:`_check_server` (what readiness means beyond ``GET /health``),
     :meth:`_hints` (engine-specific advice in errors), :meth:`_server_urls` (other ways
     to find servers), :meth:`_on_pool` (what to learn from the servers once reached),
-    :meth:`_pause` / :meth:`_resume` and :attr:`ABORT_PATH`.
+    :meth:`_pause` / :meth:`_resume` and :attr:`ABORT_PATH`. An engine that can score a
+    given token sequence sets :attr:`SCORES_PROBE` and implements :meth:`_score`: every
+    push is then checked by a probe (:mod:`~gepo_xtuner.rollout.server.probe`), on by
+    default (:attr:`probe_tolerance`). An engine with an endpoint that only it answers
+    names it in :attr:`IDENTITY_PATH`, so that an address where something else answers
+    is told apart at attach.
 
     Building the backend touches neither the network nor the disk; the servers are
     reached (or launched) at :meth:`attach` or the first :meth:`generate`.
@@ -133,7 +148,7 @@ class ServerRolloutBackend(RolloutBackend):
         api_key: sent as ``Authorization: Bearer``.
         weight_sync: the engine's weight-sync settings, already checked by the subclass
             (``None``: :meth:`update_weights` raises; ``dict(mode='none')``: the weights
-            never change).
+            never change). ``probe_tolerance``: see :attr:`probe_tolerance`.
         sources: further ways the subclass offers to name servers, name -> what was
             given (e.g. LMDeploy's ``address_files``); exactly one source may be given.
         numbers: further settings with a lower bound, name -> ``(value, bound, strict)``
@@ -160,6 +175,18 @@ class ServerRolloutBackend(RolloutBackend):
     #: the engine's endpoint that aborts every request a server runs (``None``: no abort,
     #: a :meth:`generate` on another thread runs to its end)
     ABORT_PATH: ClassVar[str | None] = None
+    #: whether the engine scores a given token sequence (:meth:`_score`), which turns on
+    #: the push check
+    SCORES_PROBE: ClassVar[bool] = False
+    #: the engine's protocol errors a probe answer may raise (besides HTTP failures)
+    PROTOCOL_ERRORS: ClassVar[tuple[type[Exception], ...]] = ()
+    #: whether :meth:`attach` pushes the trainer's weights (servers given by address may
+    #: hold anything); otherwise it records the servers' probe answers (they should hold
+    #: the trainer's starting weights)
+    PUSH_AT_ATTACH: ClassVar[bool] = False
+    #: a ``GET`` endpoint that answers 200 with JSON on the engine's server: an address
+    #: whose ``/health`` answers but this does not is something else (``None``: no check)
+    IDENTITY_PATH: ClassVar[str | None] = None
 
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, *, max_concurrency: int = 64,
@@ -208,6 +235,10 @@ class ServerRolloutBackend(RolloutBackend):
         self._weight_dir = WeightDir(f'gepo_{self.ENGINE.lower()}_weights_')
         self._aborted = False
         self._hung: set[int] = set()  # servers whose last probe or push got no answer
+        self.last_probe_diff: float | None = None  # the last push's largest probe gap
+        self._probe_ids: list[int] | None = None
+        self._probe_records: dict[int, ProbeRecord] = {}  # rank 0: server index -> record
+        self._identity: dict[int, Any] = {}  # server index -> its IDENTITY_PATH answer
 
     # ------------------------------------------------------------- properties
     @property
@@ -235,6 +266,17 @@ class ServerRolloutBackend(RolloutBackend):
         return (self.weight_sync or {}).get('mode') not in (None, 'none')
 
     @property
+    def probe_tolerance(self) -> float | None:
+        """The largest gap between a server's and the trainer's logprobs of the probe
+        after a push (``weight_sync.probe_tolerance``, default
+        :data:`~gepo_xtuner.rollout.server.probe.DEFAULT_TOLERANCE`); ``None`` when there
+        is no check: switched off (``probe_tolerance=None``), an engine that cannot score a
+        sequence, or weights that are never pushed."""
+        if not (self.SCORES_PROBE and self.syncs_weights):
+            return None
+        return self.weight_sync.get('probe_tolerance', DEFAULT_TOLERANCE)
+
+    @property
     def _http(self) -> HTTPPool:
         """The connection pool of the first server (the single-server modes' server)."""
         return self._pool.servers[0].http
@@ -252,6 +294,14 @@ class ServerRolloutBackend(RolloutBackend):
         if self.server is not None and self.server.trust_remote_code is None:
             self.server.trust_remote_code = runs_remote_code(model)  # the trainer's checkpoint
         self._ensure_server()
+        if model is None or not self.syncs_weights:
+            return
+        if self.PUSH_AT_ATTACH:
+            self._refuse_sharded(model)
+            self._sync(model, self._pool.version, count=False)
+        elif self.probe_tolerance is not None:
+            self._refuse_sharded(model)
+            self._on_rank0(lambda: self._record_probes(model))
 
     def _ensure_server(self) -> None:
         """Launches (rank 0) or checks the servers once; every rank calls it at the same
@@ -296,8 +346,46 @@ class ServerRolloutBackend(RolloutBackend):
 
     def _check_server(self, server: Server) -> tuple[bool, str]:
         """Whether a running server can take this backend's requests; and why not
-        (default: ``GET /health`` answers 200 and the engine is awake)."""
-        return is_ready(server.http, min(self.timeout_s, PROBE_TIMEOUT_S))
+        (default: ``GET /health`` answers 200, the engine is awake and the address is the
+        engine's, :meth:`_check_identity`)."""
+        timeout = min(self.timeout_s, PROBE_TIMEOUT_S)
+        ok, why = is_ready(server.http, timeout)
+        if not ok:
+            return False, why + self._not_engine_hint(why)
+        return self._check_identity(server, timeout)
+
+    def _not_engine_hint(self, why: str) -> str:
+        """Where ``/health`` got an answer that no engine gives (404: no such route),
+        a hint that the address may be something else's."""
+        if 'HTTP 404' not in why:
+            return ''
+        return (f' (something answers there, but has no /health route: is '
+                f"{self._address_setting()} the {self.ENGINE} server's address?)")
+
+    def _address_setting(self) -> str:
+        """The setting that named the servers, for messages."""
+        return 'launch' if self.server is not None else 'server_url'
+
+    def _check_identity(self, server: Server, timeout_s: float) -> tuple[bool, str]:
+        """Whether ``GET IDENTITY_PATH`` answers 200 with JSON (``(True, '')`` without an
+        :attr:`IDENTITY_PATH`): an address where ``/health`` answers may still be another
+        service, whose requests would fail only later and less clearly."""
+        if self.IDENTITY_PATH is None:
+            return True, ''
+        try:
+            body = server.http.request('GET', self.IDENTITY_PATH, retries=0, timeout_s=timeout_s)
+        except ServerRequestError as e:
+            if e.status is None:  # no answer at all: not a question of identity
+                return False, str(e)
+            failure = f'HTTP {e.status}'
+        else:
+            if isinstance(body, dict | list):
+                self._identity[server.index] = body
+                return True, ''
+            failure = f'no JSON but {str(body)[:80]!r}'
+        return False, (f'{server.url}/health answered 200 but {self.IDENTITY_PATH} did not '
+                       f'({failure}): is {self._address_setting()} the {self.ENGINE} server\'s '
+                       'address, and not another service on that port?')
 
     def _on_pool(self, pool: ServerPool) -> None:
         """Called once the servers are reached, before the first request (nothing by
@@ -331,8 +419,14 @@ class ServerRolloutBackend(RolloutBackend):
 
     def pop_metrics(self) -> dict[str, float]:
         """Per-server figures since the last call (``rollout/server/<i>/...``, see
-        :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`)."""
-        return {} if self._pool is None else self._pool.pop_metrics()
+        :meth:`~gepo_xtuner.rollout.server.pool.ServerPool.pop_metrics`), and
+        ``rollout/probe_abs_diff`` (the last push's largest probe gap over the servers
+        that took it, when the push check is on)."""
+        out = {} if self._pool is None else self._pool.pop_metrics()
+        if self.last_probe_diff is not None:
+            out['rollout/probe_abs_diff'] = self.last_probe_diff
+            self.last_probe_diff = None
+        return out
 
     def logprob_temperature(self, params: Any) -> float:
         """1: the servers report ``log_softmax`` of the raw logits, before the sampling
@@ -454,7 +548,7 @@ class ServerRolloutBackend(RolloutBackend):
         """
         barrier()
         pool = self._pool
-        report = self._on_rank0(lambda: self._push_weights(model, version))
+        report = self._on_rank0(lambda: self._checked_push(model, version))
         for url in report.get('urls', pool.urls)[len(pool.servers):]:
             pool.add(url)
         pool.version = version
@@ -468,10 +562,116 @@ class ServerRolloutBackend(RolloutBackend):
                 self._note_answer(i, why)
         if count:
             self.num_updates += 1
+        self.last_probe_diff = report.get('probe')
         if not pool.ready_servers():
             raise self.ERROR(pool.describe_out(
                 f'weight sync {version} reached no {self.ENGINE} server'))
         return report
+
+    def _checked_push(self, model: nn.Module, version: int) -> dict:
+        """Rank 0: :meth:`_push_weights`, then, with the push check on, the probe of
+        every server that took the weights: one that fails it is reported out, with why
+        (it gets the weights again at the next push, as any server that missed one).
+
+        Returns:
+            the push's report, with ``probe`` (the largest gap over the servers that
+            passed; ``None`` without the check).
+        """
+        tolerance = self.probe_tolerance
+        expected = None if tolerance is None else self._trainer_probe(model)
+        report = self._push_weights(model, version)
+        if expected is None:
+            return report
+        worst, servers = None, self._pool.servers
+        for index in sorted(report['synced']):
+            # a server the push added (address files) has no Server here yet
+            http = servers[index].http if index < len(servers) else HTTPPool(
+                report['urls'][index], 1, self.timeout_s, 0, self.backoff_s, self.headers)
+            why, gap = self._verify(index, http, expected, tolerance, version)
+            if index >= len(servers):
+                http.close()
+            if why is not None:
+                del report['synced'][index]
+                report['out'][index] = why
+                continue
+            worst = gap if worst is None else max(worst, gap)
+        report['probe'] = worst
+        return report
+
+    def _verify(self, index: int, http: HTTPPool, expected: list[float], tolerance: float,
+                version: int) -> tuple[str | None, float]:
+        """Rank 0: one server's probe after push ``version``: why it failed (``None``:
+        it passed), and its gap."""
+        try:
+            got = self._score(http, self._probe_ids, self.timeout_s)
+        except (ServerRequestError, *self.PROTOCOL_ERRORS) as e:
+            self._probe_records.pop(index, None)
+            return (f'weight push {version}: the probe of the push check failed: '
+                    f'{e}{self._probe_refused_hint(e)}', math.nan)
+        why, gap, record = judge(got, expected, self._probe_records.get(index), tolerance,
+                                 version)
+        if record is None:
+            self._probe_records.pop(index, None)
+        else:
+            self._probe_records[index] = record
+        if why is not None:
+            why = (f'{self.ENGINE} server {http.base_url}: after weight push {version} {why} '
+                   '(weight_sync.probe_tolerance; see the engine\'s doc)')
+        return why, gap
+
+    def _probe_refused_hint(self, e: Exception) -> str:
+        """What to do when a server cannot answer the probe."""
+        if isinstance(e, ServerRequestError) and e.status is not None and 400 <= e.status < 500:
+            return (f' (the server refused to score the probe sequence; nothing else checks '
+                    f'that a push reached this {self.ENGINE} server: set weight_sync.'
+                    'probe_tolerance=None to push without the check)')
+        return ''
+
+    def _record_probes(self, model: nn.Module) -> None:
+        """Rank 0, at attach: every ready server's probe answer for the trainer's starting
+        weights, which the first push's check compares with. A server that differs by more
+        than the tolerance (it may hold other weights) or cannot answer is warned about:
+        the first push checks it anyway."""
+        expected = self._trainer_probe(model)
+        tolerance = self.probe_tolerance
+        if expected is None:
+            return
+        for s in self._pool.ready_servers():
+            try:
+                got = self._score(s.http, self._probe_ids, min(self.timeout_s, PROBE_TIMEOUT_S))
+            except (ServerRequestError, *self.PROTOCOL_ERRORS) as e:
+                print_log(f'{self.ENGINE} server {s.url}: the probe of the push check failed at '
+                          f'attach: {e}{self._probe_refused_hint(e)}', logger='current',
+                          level=logging.WARNING)
+                continue
+            gap = max_abs_diff(got, expected)
+            if len(got) != len(expected) or not gap <= tolerance:
+                print_log(f"{self.ENGINE} server {s.url}: its logprobs of the probe differ from "
+                          f"the trainer's starting weights by up to {gap:.3g} (weight_sync."
+                          f'probe_tolerance={tolerance:g}): it may hold other weights until the '
+                          'first push', logger='current', level=logging.WARNING)
+                continue
+            self._probe_records[s.index] = ProbeRecord(expected, got, self._pool.version)
+
+    def _trainer_probe(self, model: nn.Module) -> list[float] | None:
+        """Rank 0: the trainer's logprobs of the probe sequence (built on first use from
+        the model's vocabulary size); ``None`` for a model without ``config.vocab_size``
+        (not a language model the servers could run, e.g. a test's stand-in module)."""
+        vocab = vocab_size(model)
+        if vocab is None:
+            return None
+        if self._probe_ids is None:
+            self._probe_ids = probe_ids(vocab)
+        return trainer_logprobs(model, self._probe_ids)
+
+    def _score(self, http: HTTPPool, ids: Sequence[int], timeout_s: float) -> list[float]:
+        """``log p(ids[t] | ids[:t])``, ``t >= 1``, under the server's current weights (an
+        engine with :attr:`SCORES_PROBE` implements it: one short request).
+
+        Raises:
+            ServerRequestError: the request failed.
+        """
+        raise NotImplementedError(f'{type(self).__name__} scores no probe')
 
     def _push_weights(self, model: nn.Module, version: int) -> dict:
         """Rank 0: ``model``'s weights as ``version`` into every server that is up.

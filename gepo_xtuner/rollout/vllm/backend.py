@@ -1,12 +1,10 @@
 """Rollouts from vLLM's OpenAI-compatible API server over HTTP (``vllm serve``)."""
 
 import hashlib
-import math
 import shlex
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from ...registry import ROLLOUT_BACKENDS
@@ -14,6 +12,7 @@ from ..base import RolloutRequest, RolloutSample, SamplingParams
 from ..server.backend import ServerBackendError, ServerRolloutBackend
 from ..server.http import HTTPPool, ServerRequestError
 from ..server.pool import ServerPool
+from ..server.probe import check_probe_setting
 from .protocol import (
     VLLMProtocolError,
     build_completion_payload,
@@ -52,9 +51,11 @@ class VLLMRolloutBackend(ServerRolloutBackend):
     (no request in flight), ``POST /collective_rpc`` with ``gepo_reload_weights`` (an
     in-place reload, see :mod:`~gepo_xtuner.rollout.vllm.worker_extension.gepo_vllm_worker`
     for why not vLLM's own), ``POST /reset_prefix_cache`` and ``POST /resume``. The
-    server process is never restarted. With ``probe_tolerance``, every push is proven:
-    the server scores a fixed probe sequence and the largest difference from the
-    trainer's logprobs must be within the tolerance.
+    server process is never restarted. Every push is then checked (unless
+    ``probe_tolerance=None``): the server scores a fixed probe sequence
+    (``prompt_logprobs``), whose logprobs must be within ``probe_tolerance`` of the
+    trainer's and must have changed if the trainer's did
+    (:mod:`~gepo_xtuner.rollout.server.probe`); a server that fails is taken out.
 
     Servers must run with ``VLLM_SERVER_DEV_MODE=1``, ``--logprobs-mode raw_logprobs``
     (vLLM's default), ``--generation-config vllm`` and the worker extension
@@ -65,12 +66,15 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         launch: start one server instead; keys of
             :class:`~gepo_xtuner.rollout.vllm.server.VLLMServerProcess` (``model_path``
             and ``python``, the vLLM environment's interpreter, at least).
-        weight_sync: ``dict(mode='disk', shared_dir=None, keep=2, probe_tolerance=None,
-            reload='gepo')`` or ``dict(mode='none')`` (weights never change). ``reload``:
-            ``'gepo'``, the worker extension's reload; ``'vllm'``, vLLM's own
+        weight_sync: ``dict(mode='disk', shared_dir=None, keep=2, probe_tolerance=1.0,
+            reload='gepo')`` or ``dict(mode='none')`` (weights never change; it takes no
+            ``probe_tolerance``). ``probe_tolerance``: the push check's largest gap (nats
+            per probe token; ``None`` switches the check off; 1e-3 suits float32 servers).
+            ``reload``: ``'gepo'``, the worker extension's reload; ``'vllm'``, vLLM's own
             ``reload_weights``, for servers started without the extension (on the CPU build
-            it leaves a tied ``lm_head`` on the old weights: set ``probe_tolerance`` to
-            catch it). ``base_model``: a directory whose non-weight files (chat template,
+            it leaves a tied ``lm_head`` on the old weights: a float32 server's
+            ``probe_tolerance`` of 1e-3 catches it). ``base_model``: a directory whose
+            non-weight files (chat template,
             processor configs) are copied beside the pushed weights; a launched server's
             model by default. ``None`` (default) makes
             :meth:`update_weights` raise, so a run cannot silently sample stale weights.
@@ -94,6 +98,13 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                          'one'}
     #: every request a server runs (needs ``VLLM_SERVER_DEV_MODE=1``)
     ABORT_PATH = '/abort_requests'
+    #: ``prompt_logprobs`` scores a given sequence: pushes are checked
+    SCORES_PROBE = True
+    PROTOCOL_ERRORS = (VLLMProtocolError, )
+    #: a server given by address may hold another run's weights
+    PUSH_AT_ATTACH = True
+    #: the OpenAI-compatible server lists its model there (another service does not)
+    IDENTITY_PATH = '/v1/models'
 
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, weight_sync: dict | None = None,
@@ -114,26 +125,17 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         self.model_name = model_name if model_name is not None else (
             None if self.server is None else self.server.served_model_name)
         self.requests_sent = 0  # numbers the per-request seeds (checkpointed)
-        self.last_probe_diff: float | None = None
-        self._probe_ids: list[int] | None = None
 
     def start_hint(self) -> str:
         return start_command('MODEL')
 
     # ----------------------------------------------------------------- lifecycle
-    def attach(self, model: nn.Module, tokenizer: Any) -> None:
-        """Keeps the tokenizer (saved with the pushed weights), reaches the servers and,
-        with ``weight_sync`` mode ``'disk'``, pushes ``model``'s weights into them: a server
-        given by ``server_url`` may hold anything (another run's last weights), and the
-        first step must sample from the trainer's. Every rank calls it."""
-        super().attach(model, tokenizer)
-        if model is not None and (self.weight_sync or {}).get('mode') == 'disk':
-            self._refuse_sharded(model)
-            self._sync(model, self._pool.version, count=False)
-
+    # attach is the base's: with weight_sync mode 'disk' it pushes ``model``'s weights
+    # (PUSH_AT_ATTACH), since a server given by server_url may hold another run's.
     def _on_pool(self, pool: ServerPool) -> None:
         if self.model_name is None:
-            self.model_name = _served_model(pool.ready_servers()[0].http)
+            first = pool.ready_servers()[0]
+            self.model_name = _served_model(first.http, self._identity.get(first.index))
 
     def _abort_refused_hint(self) -> str:
         return ' (start it with VLLM_SERVER_DEV_MODE=1)'
@@ -143,15 +145,6 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         weights while :meth:`generate` runs, and a push pauses each server (``mode=wait``)
         before it reloads."""
         return None
-
-    def pop_metrics(self) -> dict[str, float]:
-        """Per-server figures since the last call (``rollout/server/<i>/...``), and
-        ``rollout/probe_abs_diff`` (the last push's probe, when probes are on)."""
-        out = {} if self._pool is None else self._pool.pop_metrics()
-        if self.last_probe_diff is not None:
-            out['rollout/probe_abs_diff'] = self.last_probe_diff
-            self.last_probe_diff = None
-        return out
 
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
@@ -182,12 +175,15 @@ class VLLMRolloutBackend(ServerRolloutBackend):
     def probe_logprobs(self, ids: Sequence[int], server: int = 0) -> list[float]:
         """The server's ``log p(ids[t] | ids[:t])``, ``t >= 1``, under its current weights."""
         self._ensure_server()
-        http = self._pool.servers[server].http
         try:
-            return parse_probe(http.request('POST', '/v1/completions',
-                                            json=build_probe_payload(self.model_name, ids)), ids)
+            return self._score(self._pool.servers[server].http, ids, self.timeout_s)
         except ServerRequestError as e:
             raise VLLMServerError(self._explain(e)) from e
+
+    def _score(self, http: HTTPPool, ids: Sequence[int], timeout_s: float) -> list[float]:
+        """One ``/v1/completions`` with ``prompt_logprobs`` (the push check's probe)."""
+        return parse_probe(http.request('POST', '/v1/completions', timeout_s=timeout_s,
+                                        json=build_probe_payload(self.model_name, ids)), ids)
 
     def _hints(self, e: ServerRequestError) -> list[str]:
         if e.status == 404 and '/collective_rpc' in str(e):
@@ -199,20 +195,14 @@ class VLLMRolloutBackend(ServerRolloutBackend):
     def _weight_sync_modes(self) -> str:
         return "mode 'disk', shared_dir=..."
 
-    def _sync(self, model: nn.Module, version: int, count: bool) -> dict:
-        report = super()._sync(model, version, count)
-        self.last_probe_diff = report.get('probe')
-        return report
-
     def _push_weights(self, model: nn.Module, version: int) -> dict:
-        """Rank 0: the weights saved once, then reloaded by every server that is up."""
+        """Rank 0: the weights saved once, then reloaded by every server that is up (the
+        base checks each push with the probe afterwards)."""
         cfg = self.weight_sync
         base = self.server.model_path if self.server is not None else cfg.get('base_model')
         path = self._save_weight_files(model, version, cfg.get('shared_dir'),
                                        int(cfg.get('keep', 2)), base)
-        synced, out, worst = {}, {}, None
-        tolerance = cfg.get('probe_tolerance')
-        expected = self._trainer_probe(model) if tolerance is not None else None
+        synced, out = {}, {}
         method = RELOADS[cfg.get('reload', 'gepo')]
         for s, why in self._servers_to_push():
             if why is not None:
@@ -221,41 +211,11 @@ class VLLMRolloutBackend(ServerRolloutBackend):
             try:
                 self._paused(s, lambda s=s: _reload(s.http, str(path), method, self.timeout_s),
                              self.timeout_s)
-                if expected is not None:
-                    got = parse_probe(s.http.request(
-                        'POST', '/v1/completions', timeout_s=self.timeout_s,
-                        json=build_probe_payload(self.model_name, self._probe_ids)),
-                        self._probe_ids)
-            except (ServerRequestError, VLLMProtocolError) as e:
+            except ServerRequestError as e:
                 out[s.index] = f'weight push {version} failed: {e}' + _push_hint(e, method)
                 continue
-            if expected is not None:
-                diff = max(abs(a - b) for a, b in zip(got, expected))
-                worst = diff if worst is None else max(worst, diff)
-                if not diff <= tolerance:
-                    raise VLLMServerError(
-                        f'vLLM server {s.url}: after weight push {version} its logprobs of the '
-                        f"probe differ from the trainer's by up to {diff:.3g} "
-                        f'(weight_sync.probe_tolerance={tolerance:g}): the server does not run '
-                        'the weights pushed (a server dtype other than the trainer\'s needs a '
-                        'larger tolerance; see docs/vllm.md)')
             synced[s.index] = version
-        return {'synced': synced, 'out': out, 'probe': worst}
-
-    def _trainer_probe(self, model: nn.Module) -> list[float]:
-        """The trainer's logprobs of the probe sequence (a fixed slice of the vocabulary)."""
-        if self._probe_ids is None:
-            vocab = int(getattr(getattr(model, 'config', None), 'vocab_size', 0) or 32)
-            self._probe_ids = [(7 * i + 3) % vocab for i in range(16)]
-        ids = torch.tensor([self._probe_ids], device=next(model.parameters()).device)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits[0, :-1].float()
-        finally:
-            model.train(was_training)
-        return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+        return {'synced': synced, 'out': out}
 
     def state_dict(self) -> dict[str, Any]:
         """The weight-update counter (it numbers the weight directories) and the request
@@ -308,9 +268,7 @@ def _check_weight_sync(cfg: dict | None) -> dict | None:
     if set(cfg) - known:
         raise ValueError(f'weight_sync does not take {sorted(set(cfg) - known)}; it takes '
                          f'{sorted(known)}')
-    tol = cfg.get('probe_tolerance')
-    if tol is not None and not (isinstance(tol, int | float) and math.isfinite(tol) and tol > 0):
-        raise ValueError(f'weight_sync.probe_tolerance must be a positive number, got {tol!r}')
+    check_probe_setting(cfg)
     return dict(cfg)
 
 
@@ -334,8 +292,10 @@ def _push_hint(e: Exception, method: str) -> str:
     return ''
 
 
-def _served_model(http: HTTPPool) -> str:
-    body = http.request('GET', '/v1/models', timeout_s=30.0)
+def _served_model(http: HTTPPool, body: Any = None) -> str:
+    """The first model ``GET /v1/models`` lists (``body``: its answer, when asked already)."""
+    if body is None:
+        body = http.request('GET', '/v1/models', timeout_s=30.0)
     try:
         return str(body['data'][0]['id'])
     except (KeyError, IndexError, TypeError):
