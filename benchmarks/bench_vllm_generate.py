@@ -14,10 +14,21 @@ wall time of one batch. The in-process backend runs in this process with all the
 (``torch.set_num_threads``); the server runs alone (its engine bound to all the cores with
 ``VLLM_CPU_OMP_THREADS_BIND``), and the trainer process waits on it.
 
+``--vs-direct`` measures the backend against the engine itself instead: on ONE server
+(the tiny policy), the backend's ``generate(requests, params)`` against a direct batched
+client (one ``POST /v1/completions`` whose ``prompt`` is the list of every prompt's token
+ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens) and a longer one
+(64 x 8, 96 new tokens). Both ask the same sampling (temperature 1, a seed) with
+``ignore_eos`` and no stop token, so every response has exactly ``max_new_tokens`` tokens
+and both sides generate the same count; the two alternate, one batch each per round, so
+that a change of the machine's load hits both. ``ratio_backend_over_direct`` is the
+backend's tokens/s over the direct client's.
+
 Usage::
 
     python benchmarks/bench_vllm_generate.py                  # both workloads
     python benchmarks/bench_vllm_generate.py --workload tiny --repeats 5
+    python benchmarks/bench_vllm_generate.py --vs-direct --repeats 5
 """
 
 import argparse
@@ -105,6 +116,79 @@ def bench(name: str, repeats: int, python: str, threads: int) -> None:
     print(f'{name} ratio_vllm_over_in_process={(v_tokens / v_s) / (hf_tokens / hf_s):.2f}')
 
 
+#: ``--vs-direct`` workloads on the tiny policy: name -> (prompts, K, new tokens)
+DIRECT_WORKLOADS = {'demo': (64, 8, 20), 'long': (64, 8, 96)}
+
+
+def direct_generate(client, model: str, prompts: list[list[int]], n: int, max_tokens: int,
+                    seed: int) -> int:
+    """One batched ``/v1/completions`` request for every prompt; the response tokens."""
+    resp = client.post('/v1/completions', json={
+        'model': model, 'prompt': prompts, 'n': n, 'max_tokens': max_tokens,
+        'temperature': 1.0, 'top_p': 1.0, 'top_k': -1, 'logprobs': 0, 'seed': seed,
+        'return_token_ids': True, 'skip_special_tokens': False, 'ignore_eos': True})
+    resp.raise_for_status()
+    choices = resp.json()['choices']
+    assert len(choices) == len(prompts) * n, len(choices)
+    return sum(len(c['token_ids']) for c in choices)
+
+
+def bench_vs_direct(repeats: int, python: str, threads: int) -> None:
+    """The backend's ``generate`` against a direct batched client on one server."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gepo_xtuner.rollout import RolloutRequest, SamplingParams
+    from gepo_xtuner.rollout.vllm import VLLMRolloutBackend
+    model_dir, prompts, _, _ = workload('tiny')
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    longest = max(len(p) for p in prompts)
+    max_len = longest + max(t for _, _, t in DIRECT_WORKLOADS.values()) + 8
+    log = Path(tempfile.mkdtemp(prefix='bench_vllm_')) / 'server.log'
+    backend = VLLMRolloutBackend(launch=dict(
+        model_path=str(model_dir), python=python, port=0, max_model_len=max_len,
+        dtype='float32', kv_cache_gib=2, log_file=str(log),
+        extra_args=['--no-enable-chunked-prefill'],
+        env={'VLLM_CPU_OMP_THREADS_BIND': f'0-{threads - 1}' if threads > 1 else '0'}),
+        weight_sync=dict(mode='none'), max_concurrency=int(os.environ.get('BENCH_CONC', 16)))
+    started = time.perf_counter()
+    backend.attach(model, tok)
+    print(f'server start {time.perf_counter() - started:.0f} s (tiny policy, float32, '
+          f'engine bound to {threads} core(s))')
+    client = httpx.Client(base_url=backend.url, timeout=600.0)
+    try:
+        for name, (count, n, new) in DIRECT_WORKLOADS.items():
+            batch = (prompts * count)[:count]
+            params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new, seed=0)
+            # ignore_eos with no stop token: every response is max_new_tokens long
+            requests = [RolloutRequest(p, extra={'ignore_eos': True}) for p in batch]
+            backend.generate(requests, params)  # warm-up, both sides
+            direct_generate(client, backend.model_name, batch, n, new, 0)
+            b_s, d_s, tokens = [], [], count * n * new
+            for r in range(repeats):
+                start = time.perf_counter()
+                got = sum(len(s.response_ids) for g in backend.generate(requests, params)
+                          for s in g)
+                b_s.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                direct = direct_generate(client, backend.model_name, batch, n, new, r + 1)
+                d_s.append(time.perf_counter() - start)
+                assert got == direct == tokens, (got, direct, tokens)
+            b, d = statistics.median(b_s), statistics.median(d_s)
+            print(f'{name}: {count} prompts x K={n}, {new} new tokens ({tokens} tokens a batch), '
+                  f'median of {repeats}')
+            print(f'{name} backend  tokens_per_s={tokens / b:9.1f}  ({b:.2f} s; all '
+                  f'{", ".join(f"{x:.2f}" for x in b_s)})')
+            print(f'{name} direct   tokens_per_s={tokens / d:9.1f}  ({d:.2f} s; all '
+                  f'{", ".join(f"{x:.2f}" for x in d_s)})')
+            print(f'{name} ratio_backend_over_direct={d / b:.2f}')
+    finally:
+        client.close()
+        backend.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--workload', nargs='+', choices=('tiny', 'smollm2'),
@@ -113,11 +197,16 @@ def main() -> None:
     p.add_argument('--threads', type=int, default=os.cpu_count() or 1)
     p.add_argument('--vllm-python', default=str(ROOT / 'work_dirs' / 'vllm_env' / 'bin' / 'python'),
                    help='the interpreter of make vllm-env')
+    p.add_argument('--vs-direct', action='store_true',
+                   help='the backend against a direct batched client on one server')
     a = p.parse_args()
     cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo')
                 if line.startswith('model name')), 'unknown CPU')
     print(f'machine: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}')
-    for name in a.workload:
+    print(f'date: {time.strftime("%Y-%m-%d %H:%M %Z")}')
+    if a.vs_direct:
+        bench_vs_direct(a.repeats, a.vllm_python, a.threads)
+    for name in [] if a.vs_direct else a.workload:
         bench(name, a.repeats, a.vllm_python, a.threads)
     print(f'load average after: {os.getloadavg()[0]:.2f}')
 
