@@ -17,12 +17,15 @@ wall time of one batch. The in-process backend runs in this process with all the
 ``--vs-direct`` measures the backend against the engine itself instead: on ONE server
 (the tiny policy), the backend's ``generate(requests, params)`` against a direct batched
 client (one ``POST /v1/completions`` whose ``prompt`` is the list of every prompt's token
-ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens) and a longer one
-(64 x 8, 96 new tokens). Both ask the same sampling (temperature 1, a seed) with
-``ignore_eos`` and no stop token, so every response has exactly ``max_new_tokens`` tokens
-and both sides generate the same count; the two alternate, one batch each per round, so
-that a change of the machine's load hits both. ``ratio_backend_over_direct`` is the
-backend's tokens/s over the direct client's.
+ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens), a longer one (64 x 8, 64 new
+tokens) and one with small groups (64 x K=2, 20 new tokens: one request per prompt, 16 in
+flight, would leave the server 32 sequences of the 128 it runs at once). The backend runs seeded (``sampling.seed``: one request per
+prompt) and unseeded (several prompts per request, ``max_batch_seqs``); the direct client
+asks a seed too. All ask temperature 1 with ``ignore_eos`` and no stop token, so every
+response has exactly ``max_new_tokens`` tokens and every side generates the same count;
+the sides take turns, one batch each per round (after a warm-up round), so that a change
+of the machine's load hits all of them. ``ratio_over_direct`` is a side's tokens/s over
+the direct client's.
 
 Usage::
 
@@ -117,7 +120,7 @@ def bench(name: str, repeats: int, python: str, threads: int) -> None:
 
 
 #: ``--vs-direct`` workloads on the tiny policy: name -> (prompts, K, new tokens)
-DIRECT_WORKLOADS = {'demo': (64, 8, 20), 'long': (64, 8, 96)}
+DIRECT_WORKLOADS = {'demo': (64, 8, 20), 'long': (64, 8, 64), 'small_k': (64, 2, 20)}
 
 
 def direct_generate(client, model: str, prompts: list[list[int]], n: int, max_tokens: int,
@@ -133,8 +136,9 @@ def direct_generate(client, model: str, prompts: list[list[int]], n: int, max_to
     return sum(len(c['token_ids']) for c in choices)
 
 
-def bench_vs_direct(repeats: int, python: str, threads: int) -> None:
-    """The backend's ``generate`` against a direct batched client on one server."""
+def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str]) -> None:
+    """The backend's ``generate`` against a direct batched client on one server: seeded
+    (one request per prompt) and unseeded (several prompts per request)."""
     import httpx
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -144,46 +148,54 @@ def bench_vs_direct(repeats: int, python: str, threads: int) -> None:
     model_dir, prompts, _, _ = workload('tiny')
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
-    longest = max(len(p) for p in prompts)
-    max_len = longest + max(t for _, _, t in DIRECT_WORKLOADS.values()) + 8
+    max_len = max(len(p) for p in prompts) + max(t for _, _, t in DIRECT_WORKLOADS.values()) + 8
     log = Path(tempfile.mkdtemp(prefix='bench_vllm_')) / 'server.log'
     backend = VLLMRolloutBackend(launch=dict(
         model_path=str(model_dir), python=python, port=0, max_model_len=max_len,
         dtype='float32', kv_cache_gib=2, log_file=str(log),
-        extra_args=['--no-enable-chunked-prefill'],
         env={'VLLM_CPU_OMP_THREADS_BIND': f'0-{threads - 1}' if threads > 1 else '0'}),
-        weight_sync=dict(mode='none'), max_concurrency=int(os.environ.get('BENCH_CONC', 16)))
+        weight_sync=dict(mode='none'))
     started = time.perf_counter()
     backend.attach(model, tok)
     print(f'server start {time.perf_counter() - started:.0f} s (tiny policy, float32, '
-          f'engine bound to {threads} core(s))')
-    client = httpx.Client(base_url=backend.url, timeout=600.0)
+          f'engine bound to {threads} core(s)); backend max_concurrency='
+          f'{backend.max_concurrency}, max_batch_seqs={backend.max_batch_seqs}')
+    client = httpx.Client(base_url=backend.url, timeout=600.0)  # kept alive across batches
     try:
-        for name, (count, n, new) in DIRECT_WORKLOADS.items():
+        for name in workloads:
+            count, n, new = DIRECT_WORKLOADS[name]
             batch = (prompts * count)[:count]
-            params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new, seed=0)
             # ignore_eos with no stop token: every response is max_new_tokens long
             requests = [RolloutRequest(p, extra={'ignore_eos': True}) for p in batch]
-            backend.generate(requests, params)  # warm-up, both sides
-            direct_generate(client, backend.model_name, batch, n, new, 0)
-            b_s, d_s, tokens = [], [], count * n * new
-            for r in range(repeats):
-                start = time.perf_counter()
-                got = sum(len(s.response_ids) for g in backend.generate(requests, params)
-                          for s in g)
-                b_s.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                direct = direct_generate(client, backend.model_name, batch, n, new, r + 1)
-                d_s.append(time.perf_counter() - start)
-                assert got == direct == tokens, (got, direct, tokens)
-            b, d = statistics.median(b_s), statistics.median(d_s)
+            tokens = count * n * new
+            sides = {
+                'backend seeded  ': lambda r: backend.generate(requests, SamplingParams(
+                    n=n, temperature=1.0, max_new_tokens=new, seed=r)),
+                'backend unseeded': lambda r: backend.generate(requests, SamplingParams(
+                    n=n, temperature=1.0, max_new_tokens=new)),
+                'direct          ': lambda r: direct_generate(
+                    client, backend.model_name, batch, n, new, r),
+            }
+            seconds = {side: [] for side in sides}
+            for r in range(repeats + 1):  # round 0 warms up
+                for side, run in sides.items():  # one after the other: load drift hits all
+                    start = time.perf_counter()
+                    got = run(r)
+                    took = time.perf_counter() - start
+                    got = got if isinstance(got, int) else sum(
+                        len(s.response_ids) for g in got for s in g)
+                    assert got == tokens, (side, got, tokens)
+                    if r:
+                        seconds[side].append(took)
             print(f'{name}: {count} prompts x K={n}, {new} new tokens ({tokens} tokens a batch), '
                   f'median of {repeats}')
-            print(f'{name} backend  tokens_per_s={tokens / b:9.1f}  ({b:.2f} s; all '
-                  f'{", ".join(f"{x:.2f}" for x in b_s)})')
-            print(f'{name} direct   tokens_per_s={tokens / d:9.1f}  ({d:.2f} s; all '
-                  f'{", ".join(f"{x:.2f}" for x in d_s)})')
-            print(f'{name} ratio_backend_over_direct={d / b:.2f}')
+            direct = statistics.median(seconds['direct          '])
+            for side, times in seconds.items():
+                median = statistics.median(times)
+                print(f'{name} {side} tokens_per_s={tokens / median:8.1f}  ({median:.2f} s; '
+                      f'all {", ".join(f"{x:.2f}" for x in times)})'
+                      + ('' if side.startswith('direct') else
+                         f'  ratio_over_direct={direct / median:.2f}'))
     finally:
         client.close()
         backend.close()
@@ -199,13 +211,15 @@ def main() -> None:
                    help='the interpreter of make vllm-env')
     p.add_argument('--vs-direct', action='store_true',
                    help='the backend against a direct batched client on one server')
+    p.add_argument('--direct-workload', nargs='+', choices=tuple(DIRECT_WORKLOADS),
+                   default=list(DIRECT_WORKLOADS), help='the --vs-direct workloads')
     a = p.parse_args()
     cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo')
                 if line.startswith('model name')), 'unknown CPU')
     print(f'machine: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}')
     print(f'date: {time.strftime("%Y-%m-%d %H:%M %Z")}')
     if a.vs_direct:
-        bench_vs_direct(a.repeats, a.vllm_python, a.threads)
+        bench_vs_direct(a.repeats, a.vllm_python, a.threads, a.direct_workload)
     for name in [] if a.vs_direct else a.workload:
         bench(name, a.repeats, a.vllm_python, a.threads)
     print(f'load average after: {os.getloadavg()[0]:.2f}')

@@ -40,12 +40,13 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
     Prompts go to the server as ``POST /v1/completions`` with ``n=K`` and the prompts' token
     ids (:mod:`~gepo_xtuner.rollout.vllm.protocol`), so a group always comes from one server
-    and one weight version. Unseeded, several prompts share one request (up to
-    ``max_batch_seqs`` sequences, prompts times K; the call's prompts spread over the ready
-    servers), which spares the server a request's parsing, scheduling and answer per
-    prompt; a seeded call (``params.seed``) sends one request per prompt, because vLLM
-    gives every prompt of a request the same seed and prompts would share their random
-    streams. Requests go to the ready server with the fewest outstanding
+    and one weight version. A call with more prompts than request slots (``max_concurrency``
+    per ready server) puts several prompts in one request when it is unseeded, so that
+    every prompt is on a server at once (a server batches the sequences of all its
+    requests; prompts waiting here for a slot would leave it running fewer sequences than
+    it can, e.g. with small K); a seeded call (``params.seed``) sends one request per
+    prompt, because vLLM gives every prompt of a request the same seed and prompts would
+    share their random streams. Requests go to the ready server with the fewest outstanding
     (up to ``max_concurrency`` each); a server that dies or stops answering is taken out
     and its requests go once more to the others
     (:class:`~gepo_xtuner.rollout.server.pool.ServerPool`). An answer with fewer
@@ -87,9 +88,8 @@ class VLLMRolloutBackend(ServerRolloutBackend):
             ``timeout_s`` is for one request (a whole group, or several).
         model_name: the served model name; None asks the first server (``GET /v1/models``).
         max_batch_seqs: sequences (prompts times ``n``) one unseeded request asks for at
-            most (default 256, a CPU server's ``max_num_seqs`` twice over: the server
-            always has the next prompts queued); a call's prompts are spread over the
-            ready servers first. 0 or anything below ``n``: one request per prompt.
+            most (default 256, twice a CPU server's ``max_num_seqs``); below ``2 * n``
+            (e.g. 0): one request per prompt, always.
 
     Raises:
         ValueError: a bad combination of arguments (the message says which).
@@ -197,20 +197,22 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                  first: int) -> list[tuple[list[int], dict[str, Any]]]:
         """The requests to send: ``(indices into requests, body)`` each.
 
-        Seeded, or with ``max_batch_seqs < n``: one body per request, seeded with
+        Seeded, or with ``max_batch_seqs < 2 * n``: one body per request, seeded with
         :func:`request_seed` of its number in the run (``first + i``). Otherwise requests
-        with equal ``extra`` go together in call order, at most ``max_batch_seqs // n`` per
-        body, and no more than a ready server's share of the call, so that every server
-        gets work.
+        with equal ``extra`` go together in call order, as few per body as fill every
+        request slot of the ready servers (``max_concurrency`` each) and at most
+        ``max_batch_seqs // n``: a call with no more prompts than slots still sends one
+        body per prompt, and a larger one has every prompt on a server at once instead of
+        waiting in this process for a slot.
         """
-        per = self.max_batch_seqs // params.n
-        if params.seed is not None or per <= 1:
+        most = self.max_batch_seqs // params.n
+        if params.seed is not None or most <= 1:
             return [([i], build_batch_payload(
                 self.model_name, [r], params,
                 None if params.seed is None else request_seed(params.seed, first + i, params.n)))
                 for i, r in enumerate(requests)]
-        servers = max(1, len(self._pool.ready_servers()))
-        per = min(per, -(-len(requests) // servers))
+        slots = max(1, len(self._pool.ready_servers())) * self.max_concurrency
+        per = min(most, -(-len(requests) // slots))
         alike: dict[str, list[int]] = {}  # extra (as sorted JSON) -> indices, in call order
         for i, r in enumerate(requests):
             alike.setdefault(json.dumps(r.extra, sort_keys=True, default=repr), []).append(i)
