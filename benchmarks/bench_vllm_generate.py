@@ -17,15 +17,16 @@ wall time of one batch. The in-process backend runs in this process with all the
 ``--vs-direct`` measures the backend against the engine itself instead: on ONE server
 (the tiny policy), the backend's ``generate(requests, params)`` against a direct batched
 client (one ``POST /v1/completions`` whose ``prompt`` is the list of every prompt's token
-ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens), a longer one (64 x 8, 64 new
-tokens) and one with small groups (64 x K=2, 20 new tokens: one request per prompt, 16 in
-flight, would leave the server 32 sequences of the 128 it runs at once). The backend runs seeded (``sampling.seed``: one request per
-prompt) and unseeded (several prompts per request, ``max_batch_seqs``); the direct client
-asks a seed too. All ask temperature 1 with ``ignore_eos`` and no stop token, so every
-response has exactly ``max_new_tokens`` tokens and every side generates the same count;
-the sides take turns, one batch each per round (after a warm-up round), so that a change
-of the machine's load hits all of them. ``ratio_over_direct`` is a side's tokens/s over
-the direct client's.
+ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens), a longer one
+(64 x 8, 64 new tokens) and one with small groups (64 x K=2, 20 new tokens: one request
+per prompt, 16 in flight, would leave the server 32 of the 128 sequences it runs at once).
+The backend runs seeded (``sampling.seed``: one request per prompt) and unseeded (several
+prompts per request beyond the request slots, ``max_batch_seqs``); the direct client asks
+a seed too. All ask temperature 1 with ``ignore_eos`` and no stop token, so every response
+has exactly ``max_new_tokens`` tokens and every side generates the same count; the sides
+take turns, one batch each per round (after a warm-up round), so that a change of the
+machine's load hits all of them. ``ratio_over_direct`` is a side's tokens/s over the
+direct client's.
 
 Usage::
 

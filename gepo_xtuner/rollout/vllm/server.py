@@ -36,7 +36,8 @@ class VLLMServerProcess(ServerProcess):
         PYTHON -m vllm.entrypoints.openai.api_server --model MODEL_PATH --host HOST
             --port PORT --served-model-name NAME --dtype DTYPE --max-model-len LEN
             --logprobs-mode raw_logprobs --generation-config vllm [--enforce-eager]
-            [--no-enable-chunked-prefill] --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension
+            [--no-enable-chunked-prefill]
+            --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension
             [--trust-remote-code] EXTRA_ARGS...
 
     with ``VLLM_SERVER_DEV_MODE=1``, the extension's directory on ``PYTHONPATH`` and
