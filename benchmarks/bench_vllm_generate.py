@@ -14,10 +14,25 @@ wall time of one batch. The in-process backend runs in this process with all the
 (``torch.set_num_threads``); the server runs alone (its engine bound to all the cores with
 ``VLLM_CPU_OMP_THREADS_BIND``), and the trainer process waits on it.
 
+``--vs-direct`` measures the backend against the engine itself instead: on ONE server
+(the tiny policy), the backend's ``generate(requests, params)`` against a direct batched
+client (one ``POST /v1/completions`` whose ``prompt`` is the list of every prompt's token
+ids, ``n=K``), for the demo's workload (64 prompts x K=8, 20 new tokens), a longer one
+(64 x 8, 64 new tokens) and one with small groups (64 x K=2, 20 new tokens: one request
+per prompt, 16 in flight, would leave the server 32 of the 128 sequences it runs at once).
+The backend runs seeded (``sampling.seed``: one request per prompt) and unseeded (several
+prompts per request beyond the request slots, ``max_batch_seqs``); the direct client asks
+a seed too. All ask temperature 1 with ``ignore_eos`` and no stop token, so every response
+has exactly ``max_new_tokens`` tokens and every side generates the same count; the sides
+take turns, one batch each per round (after a warm-up round), so that a change of the
+machine's load hits all of them. ``ratio_over_direct`` is a side's tokens/s over the
+direct client's.
+
 Usage::
 
     python benchmarks/bench_vllm_generate.py                  # both workloads
     python benchmarks/bench_vllm_generate.py --workload tiny --repeats 5
+    python benchmarks/bench_vllm_generate.py --vs-direct --repeats 5
 """
 
 import argparse
@@ -105,6 +120,88 @@ def bench(name: str, repeats: int, python: str, threads: int) -> None:
     print(f'{name} ratio_vllm_over_in_process={(v_tokens / v_s) / (hf_tokens / hf_s):.2f}')
 
 
+#: ``--vs-direct`` workloads on the tiny policy: name -> (prompts, K, new tokens)
+DIRECT_WORKLOADS = {'demo': (64, 8, 20), 'long': (64, 8, 64), 'small_k': (64, 2, 20)}
+
+
+def direct_generate(client, model: str, prompts: list[list[int]], n: int, max_tokens: int,
+                    seed: int) -> int:
+    """One batched ``/v1/completions`` request for every prompt; the response tokens."""
+    resp = client.post('/v1/completions', json={
+        'model': model, 'prompt': prompts, 'n': n, 'max_tokens': max_tokens,
+        'temperature': 1.0, 'top_p': 1.0, 'top_k': -1, 'logprobs': 0, 'seed': seed,
+        'return_token_ids': True, 'skip_special_tokens': False, 'ignore_eos': True})
+    resp.raise_for_status()
+    choices = resp.json()['choices']
+    assert len(choices) == len(prompts) * n, len(choices)
+    return sum(len(c['token_ids']) for c in choices)
+
+
+def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str]) -> None:
+    """The backend's ``generate`` against a direct batched client on one server: seeded
+    (one request per prompt) and unseeded (several prompts per request)."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gepo_xtuner.rollout import RolloutRequest, SamplingParams
+    from gepo_xtuner.rollout.vllm import VLLMRolloutBackend
+    model_dir, prompts, _, _ = workload('tiny')
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    max_len = max(len(p) for p in prompts) + max(t for _, _, t in DIRECT_WORKLOADS.values()) + 8
+    log = Path(tempfile.mkdtemp(prefix='bench_vllm_')) / 'server.log'
+    backend = VLLMRolloutBackend(launch=dict(
+        model_path=str(model_dir), python=python, port=0, max_model_len=max_len,
+        dtype='float32', kv_cache_gib=2, log_file=str(log),
+        env={'VLLM_CPU_OMP_THREADS_BIND': f'0-{threads - 1}' if threads > 1 else '0'}),
+        weight_sync=dict(mode='none'))
+    started = time.perf_counter()
+    backend.attach(model, tok)
+    print(f'server start {time.perf_counter() - started:.0f} s (tiny policy, float32, '
+          f'engine bound to {threads} core(s)); backend max_concurrency='
+          f'{backend.max_concurrency}, max_batch_seqs={backend.max_batch_seqs}')
+    client = httpx.Client(base_url=backend.url, timeout=600.0)  # kept alive across batches
+    try:
+        for name in workloads:
+            count, n, new = DIRECT_WORKLOADS[name]
+            batch = (prompts * count)[:count]
+            # ignore_eos with no stop token: every response is max_new_tokens long
+            requests = [RolloutRequest(p, extra={'ignore_eos': True}) for p in batch]
+            tokens = count * n * new
+            sides = {
+                'backend seeded  ': lambda r: backend.generate(requests, SamplingParams(
+                    n=n, temperature=1.0, max_new_tokens=new, seed=r)),
+                'backend unseeded': lambda r: backend.generate(requests, SamplingParams(
+                    n=n, temperature=1.0, max_new_tokens=new)),
+                'direct          ': lambda r: direct_generate(
+                    client, backend.model_name, batch, n, new, r),
+            }
+            seconds = {side: [] for side in sides}
+            for r in range(repeats + 1):  # round 0 warms up
+                for side, run in sides.items():  # one after the other: load drift hits all
+                    start = time.perf_counter()
+                    got = run(r)
+                    took = time.perf_counter() - start
+                    got = got if isinstance(got, int) else sum(
+                        len(s.response_ids) for g in got for s in g)
+                    assert got == tokens, (side, got, tokens)
+                    if r:
+                        seconds[side].append(took)
+            print(f'{name}: {count} prompts x K={n}, {new} new tokens ({tokens} tokens a batch), '
+                  f'median of {repeats}')
+            direct = statistics.median(seconds['direct          '])
+            for side, times in seconds.items():
+                median = statistics.median(times)
+                print(f'{name} {side} tokens_per_s={tokens / median:8.1f}  ({median:.2f} s; '
+                      f'all {", ".join(f"{x:.2f}" for x in times)})'
+                      + ('' if side.startswith('direct') else
+                         f'  ratio_over_direct={direct / median:.2f}'))
+    finally:
+        client.close()
+        backend.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--workload', nargs='+', choices=('tiny', 'smollm2'),
@@ -113,11 +210,18 @@ def main() -> None:
     p.add_argument('--threads', type=int, default=os.cpu_count() or 1)
     p.add_argument('--vllm-python', default=str(ROOT / 'work_dirs' / 'vllm_env' / 'bin' / 'python'),
                    help='the interpreter of make vllm-env')
+    p.add_argument('--vs-direct', action='store_true',
+                   help='the backend against a direct batched client on one server')
+    p.add_argument('--direct-workload', nargs='+', choices=tuple(DIRECT_WORKLOADS),
+                   default=list(DIRECT_WORKLOADS), help='the --vs-direct workloads')
     a = p.parse_args()
     cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo')
                 if line.startswith('model name')), 'unknown CPU')
     print(f'machine: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}')
-    for name in a.workload:
+    print(f'date: {time.strftime("%Y-%m-%d %H:%M %Z")}')
+    if a.vs_direct:
+        bench_vs_direct(a.repeats, a.vllm_python, a.threads, a.direct_workload)
+    for name in [] if a.vs_direct else a.workload:
         bench(name, a.repeats, a.vllm_python, a.threads)
     print(f'load average after: {os.getloadavg()[0]:.2f}')
 

@@ -14,9 +14,11 @@ from gepo_xtuner.rollout.vllm import start_command
 from gepo_xtuner.rollout.vllm.backend import request_seed
 from gepo_xtuner.rollout.vllm.protocol import (
     VLLMProtocolError,
+    build_batch_payload,
     build_completion_payload,
     build_probe_payload,
     parse_completion,
+    parse_completions,
     parse_probe,
 )
 from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
@@ -67,6 +69,10 @@ def test_the_launch_command_is_the_module_with_the_extension():
     assert '--enforce-eager' in argv and argv[argv.index('--worker-extension-cls') + 1] == \
         'gepo_vllm_worker.GEPOWorkerExtension'
     assert '--enforce-eager' not in VLLMServerProcess('m', enforce_eager=False).argv()
+    # a split prompt of a seeded request fails the CPU build's engine: no chunked prefill
+    assert '--no-enable-chunked-prefill' in argv
+    assert '--no-enable-chunked-prefill' not in VLLMServerProcess('m', chunked_prefill=True
+                                                                  ).argv()
     line = start_command('my model', 'py')
     assert line.startswith('VLLM_SERVER_DEV_MODE=1 PYTHONPATH=') and "'my model'" in line
 
@@ -77,6 +83,31 @@ def test_a_whole_group_is_read_in_index_order():
     first, second = parse_completion(body, PARAMS)
     assert (first.response_ids, first.finish_reason) == ([4, 2], 'stop')
     assert (second.response_ids, second.logprobs) == ([5, 6, 7], [-0.5] * 3)
+
+
+def test_several_prompts_share_one_body_and_come_back_as_their_groups():
+    """Several prompts: ``prompt`` is a list of id lists with the single body's other fields;
+    the answer's choices ``i * n + j`` (in any order) are prompt ``i``'s response ``j``."""
+    requests = [RolloutRequest([1, 5]), RolloutRequest([1, 7, 8])]
+    body = build_batch_payload('policy', requests, PARAMS, None)
+    single = build_completion_payload('policy', requests[0], PARAMS, None)
+    assert body['prompt'] == [[1, 5], [1, 7, 8]] and single['prompt'] == [1, 5]
+    assert {k: v for k, v in body.items() if k != 'prompt'} == \
+        {k: v for k, v in single.items() if k != 'prompt'}
+    with pytest.raises(VLLMProtocolError, match='requests with different'):
+        build_batch_payload('policy', [RolloutRequest([1]), RolloutRequest([1], extra={'a': 1})],
+                            PARAMS, None)
+    answer_ = answer(([4, 2], 'stop'), ([5, 6, 7], 'length'), ([8, 2], 'stop'),
+                     ([9, 9, 9], 'length'))
+    answer_['choices'].reverse()
+    first, second = parse_completions(answer_, PARAMS, 2)
+    assert [s.response_ids for s in first] == [[4, 2], [5, 6, 7]]
+    assert [s.response_ids for s in second] == [[8, 2], [9, 9, 9]]
+    assert all(type(t) is int for s in first for t in s.response_ids)
+    assert all(type(x) is float for s in second for x in s.logprobs)
+    answer_['choices'].pop()
+    with pytest.raises(VLLMProtocolError, match=r'asked for 2 prompts x n=2 responses'):
+        parse_completions(answer_, PARAMS, 2)
 
 
 @pytest.mark.parametrize('damage, message', [
@@ -124,6 +155,7 @@ def test_the_probe_reads_the_logprob_of_each_next_token():
     (dict(launch='http://a:1'), 'launch must be a dict, got str'),
     (dict(server_url='http://a:1', max_concurrency=0), 'need max_concurrency >= 1'),
     (dict(server_url='http://a:1', timeout_s=0), 'timeout_s > 0'),
+    (dict(server_url='http://a:1', max_batch_seqs=-1), 'max_batch_seqs >= 0'),
 ])
 def test_bad_settings_are_refused_when_built(cfg, message):
     with pytest.raises(ValueError, match=message):
@@ -139,3 +171,29 @@ def test_building_touches_no_server():
     assert backend.logprob_temperature(PARAMS) == 1.0
     backend.abort()  # before any server: nothing to cancel, nothing contacted
     assert backend.state_dict() == {'num_updates': 0, 'requests_sent': 0}
+
+
+def test_prompts_share_a_request_only_unseeded_and_beyond_the_slots():
+    """Prompts go together only when there are more than request slots (``max_concurrency``
+    per ready server), as few per request as fill them, never more than ``max_batch_seqs``
+    sequences, never with other ``extra``; a seeded call sends one request per prompt with
+    its own seed."""
+    backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url='http://a:1',
+                                          max_concurrency=2, max_batch_seqs=8))
+    backend._pool = type('Pool', (), {'ready_servers': lambda self: ['server']})()
+    backend.model_name = 'policy'
+    params = SamplingParams(n=2)
+
+    def plan(requests, params=params, first=0):
+        return [indices for indices, _ in backend._batches(requests, params, first)]
+
+    many = [RolloutRequest([1, i]) for i in range(7)]
+    assert plan(many) == [[0, 1, 2, 3], [4, 5, 6]]  # 2 slots, 4 prompts x n=2 = 8 at most
+    assert plan(many[:2]) == [[0], [1]]  # no more prompts than slots
+    mixed = [RolloutRequest([1, i], extra={'min_tokens': 2} if i % 2 else {}) for i in range(6)]
+    assert plan(mixed) == [[0, 2, 4], [1, 3, 5]]
+    seeded = backend._batches(many, SamplingParams(n=2, seed=3), 10)
+    assert [indices for indices, _ in seeded] == [[i] for i in range(7)]
+    assert [body['seed'] for _, body in seeded] == [request_seed(3, 10 + i, 2) for i in range(7)]
+    backend.max_batch_seqs = 3  # below 2 * n: one prompt per request
+    assert plan(many) == [[i] for i in range(7)]

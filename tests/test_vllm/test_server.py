@@ -130,6 +130,47 @@ def test_seeded_groups_are_reproducible_and_resume_where_they_left(policy, vllm_
         b.close()
 
 
+def test_batched_prompts_come_back_as_their_own_groups(policy, vllm_server):
+    """Unseeded, more prompts than request slots: several prompts share a request (two
+    bodies here, by ``max_batch_seqs``, and a third for the prompts with other ``extra``),
+    and every group answers its own prompt (its logprobs are the trainer's for that prompt,
+    a group of another prompt would not match), in the order asked, with the lengths the
+    request's ``extra`` set."""
+    model, _ = policy  # the server holds the policy's weights
+    backend = backend_for(vllm_server.url, weight_sync=dict(mode='none'), max_concurrency=1,
+                          max_batch_seqs=9)  # 3 prompts x n=3 per request at most
+    backend.attach(model, None)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, stop_token_ids=(EOS_ID,))
+    prompts = PROMPTS + PROMPTS[::-1]
+    requests = [RolloutRequest(p, extra={'min_tokens': 6} if i % 3 == 0 else {})
+                for i, p in enumerate(prompts)]
+    groups = backend.generate(requests, params)
+    assert [len(g) for g in groups] == [3] * len(prompts)
+    for i, (prompt, group) in enumerate(zip(prompts, groups)):
+        for s in group:
+            if i % 3 == 0:
+                assert len(s.response_ids) == 6, i
+            expected = trainer_logprobs(model, prompt + s.response_ids)[len(prompt) - 1:]
+            assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4, rtol=0), i
+    # [1, 2, 4] and [5, 7] without extra, [0, 3, 6] with it
+    assert backend.pop_metrics()['rollout/server/0/requests'] == 3
+    backend.close()
+
+
+def test_many_seeded_groups_at_once_leave_the_server_up(policy):
+    """Seeded groups whose prompts together exceed one engine step's token budget (2048 on
+    CPU): with chunked prefill, vLLM 0.32's CPU build splits a prompt and its seeded
+    sampler then fails the whole engine ('CPU Generator does not use offset'); the launch
+    turns chunking off, so every group comes back and the server still answers."""
+    _, backend = policy
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=2, seed=5)
+    requests = [RolloutRequest([1] + [(7 * i + k) % 40 + 3 for k in range(60)])
+                for i in range(16)]  # 16 x 8 sequences of 61 prompt tokens: 7808 tokens
+    groups = backend.generate(requests, params)
+    assert [len(g) for g in groups] == [8] * 16
+    assert len(backend.generate(requests[:1], params)) == 1
+
+
 def test_the_payload_is_valid_for_vllms_own_request_model(vllm_env):
     """The body the backend sends, read by vLLM 0.32's ``CompletionRequest`` (in vLLM's
     environment): every distribution field arrives as sent, nothing is dropped."""
@@ -279,8 +320,9 @@ def test_a_server_that_dies_mid_batch_fails_over_or_fails_clearly(policy, vllm_s
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6, stop_token_ids=(EOS_ID,))
     requests = [RolloutRequest(p) for p in PROMPTS * 4]
     dying = _Proxy(vllm_server.url, alive=4)  # health, /v1/models, then two groups
+    # one request per group (max_batch_seqs=0): the proxy's count of answers is groups
     pair = backend_for([dying.url, vllm_server.url], max_retries=0, max_concurrency=2,
-                       weight_sync=dict(mode='none'))
+                       weight_sync=dict(mode='none'), max_batch_seqs=0)
     pair.attach(model, None)
     groups = pair.generate(requests, params)
     assert len(groups) == len(requests) and all(len(g) == 3 for g in groups)

@@ -1,6 +1,7 @@
 """Rollouts from vLLM's OpenAI-compatible API server over HTTP (``vllm serve``)."""
 
 import hashlib
+import json
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -15,9 +16,9 @@ from ..server.pool import ServerPool
 from ..server.probe import check_probe_setting
 from .protocol import (
     VLLMProtocolError,
-    build_completion_payload,
+    build_batch_payload,
     build_probe_payload,
-    parse_completion,
+    parse_completions,
     parse_probe,
 )
 from .server import LAUNCH_KEYS, WORKER_EXTENSION, WORKER_EXTENSION_DIR, VLLMServerProcess
@@ -36,9 +37,15 @@ class VLLMRolloutBackend(ServerRolloutBackend):
     """K responses per prompt from one or several vLLM API servers, with token ids and raw
     logprobs; the trainer's weights pushed into the running servers after every step.
 
-    Each prompt is one ``POST /v1/completions`` with ``n=K`` and the prompt's token ids
-    (:mod:`~gepo_xtuner.rollout.vllm.protocol`), so a group always comes from one server
-    and one weight version. Requests go to the ready server with the fewest outstanding
+    Prompts go to the server as ``POST /v1/completions`` with ``n=K`` and the prompts' token
+    ids (:mod:`~gepo_xtuner.rollout.vllm.protocol`), so a group always comes from one server
+    and one weight version. A call with more prompts than request slots (``max_concurrency``
+    per ready server) puts several prompts in one request when it is unseeded, so that
+    every prompt is on a server at once (a server batches the sequences of all its
+    requests; prompts waiting here for a slot would leave it running fewer sequences than
+    it can, e.g. with small K); a seeded call (``params.seed``) sends one request per
+    prompt, because vLLM gives every prompt of a request the same seed and prompts would
+    share their random streams. Requests go to the ready server with the fewest outstanding
     (up to ``max_concurrency`` each); a server that dies or stops answering is taken out
     and its requests go once more to the others
     (:class:`~gepo_xtuner.rollout.server.pool.ServerPool`). An answer with fewer
@@ -82,8 +89,11 @@ class VLLMRolloutBackend(ServerRolloutBackend):
             freed between rollouts) exists on CUDA and ROCm only.
         max_concurrency, timeout_s, max_retries, backoff_s, retry_after_s, api_key: as
             :class:`~gepo_xtuner.rollout.server.backend.ServerRolloutBackend`;
-            ``timeout_s`` is for one request (a whole group).
+            ``timeout_s`` is for one request (a whole group, or several).
         model_name: the served model name; None asks the first server (``GET /v1/models``).
+        max_batch_seqs: sequences (prompts times ``n``) one unseeded request asks for at
+            most (default 256, twice a CPU server's ``max_num_seqs``); below ``2 * n``
+            (e.g. 0): one request per prompt, always.
 
     Raises:
         ValueError: a bad combination of arguments (the message says which).
@@ -111,7 +121,7 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                  sleep_wake: bool = False, max_concurrency: int = 16,
                  timeout_s: float = 600.0, max_retries: int = 2, backoff_s: float = 1.0,
                  retry_after_s: float = 30.0, api_key: str | None = None,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, max_batch_seqs: int = 256) -> None:
         if sleep_wake:
             raise ValueError(
                 "VLLMRolloutBackend: sleep_wake=True asks vLLM's sleep mode (weights offloaded "
@@ -121,7 +131,9 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         super().__init__(server_url, launch, max_concurrency=max_concurrency,
                          timeout_s=timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                          retry_after_s=retry_after_s, api_key=api_key,
-                         weight_sync=_check_weight_sync(weight_sync))
+                         weight_sync=_check_weight_sync(weight_sync),
+                         numbers={'max_batch_seqs': (max_batch_seqs, 0, False)})
+        self.max_batch_seqs = int(max_batch_seqs)
         self.model_name = model_name if model_name is not None else (
             None if self.server is None else self.server.served_model_name)
         self.requests_sent = 0  # numbers the per-request seeds (checkpointed)
@@ -163,14 +175,44 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         """
         self._ensure_server()
         first, self.requests_sent = self.requests_sent, self.requests_sent + len(requests)
-        payloads = [build_completion_payload(
-            self.model_name, r, params,
-            None if params.seed is None else request_seed(params.seed, first + i, params.n))
-            for i, r in enumerate(requests)]
-        return self._map(lambda http, body: parse_completion(
-            http.request('POST', '/v1/completions', json=body), params), payloads,
-            size=lambda group: sum(len(s.response_ids) for s in group),
+        batches = self._batches(requests, params, first)
+        answers = self._map(lambda http, batch: parse_completions(
+            http.request('POST', '/v1/completions', json=batch[1]), params, len(batch[0])),
+            batches, size=lambda groups: sum(len(s.response_ids) for g in groups for s in g),
             path='POST /v1/completions', protocol_errors=(VLLMProtocolError, ))
+        out: list[list[RolloutSample]] = [[] for _ in requests]
+        for (indices, _), groups in zip(batches, answers):
+            for i, group in zip(indices, groups):
+                out[i] = group
+        return out
+
+    def _batches(self, requests: Sequence[RolloutRequest], params: SamplingParams,
+                 first: int) -> list[tuple[list[int], dict[str, Any]]]:
+        """The requests to send: ``(indices into requests, body)`` each.
+
+        Seeded, or with ``max_batch_seqs < 2 * n``: one body per request, seeded with
+        :func:`request_seed` of its number in the run (``first + i``). Otherwise requests
+        with equal ``extra`` go together in call order, as few per body as fill every
+        request slot of the ready servers (``max_concurrency`` each) and at most
+        ``max_batch_seqs // n``: a call with no more prompts than slots still sends one
+        body per prompt, and a larger one has every prompt on a server at once instead of
+        waiting in this process for a slot.
+        """
+        most = self.max_batch_seqs // params.n
+        if params.seed is not None or most <= 1:
+            return [([i], build_batch_payload(
+                self.model_name, [r], params,
+                None if params.seed is None else request_seed(params.seed, first + i, params.n)))
+                for i, r in enumerate(requests)]
+        slots = max(1, len(self._pool.ready_servers())) * self.max_concurrency
+        per = min(most, -(-len(requests) // slots))
+        alike: dict[str, list[int]] = {}  # extra (as sorted JSON) -> indices, in call order
+        for i, r in enumerate(requests):
+            alike.setdefault(json.dumps(r.extra, sort_keys=True, default=repr), []).append(i)
+        return [(chunk, build_batch_payload(self.model_name, [requests[i] for i in chunk],
+                                            params, None))
+                for indices in alike.values()
+                for chunk in (indices[k:k + per] for k in range(0, len(indices), per))]
 
     def probe_logprobs(self, ids: Sequence[int], server: int = 0) -> list[float]:
         """The server's ``log p(ids[t] | ids[:t])``, ``t >= 1``, under its current weights."""

@@ -6,7 +6,10 @@ Pure functions (no network). What the server does with them, read from vLLM 0.32
 
 * ``prompt`` may be a list of token ids; ``n`` responses to it come in one answer
   (``choices[i].index`` in ``0..n-1``), so a group is one request and never mixes
-  servers or weight versions.
+  servers or weight versions. ``prompt`` may also be a list of such lists: the answer
+  holds ``n`` choices per prompt, numbered on from prompt to prompt (prompt ``i``'s
+  response ``j`` is ``index = i * n + j``); every prompt gets the same sampling
+  parameters, ``seed`` included.
 * ``return_token_ids=true`` puts the generated ids in ``choices[i].token_ids``; a stop
   token that ended the response (EOS or one of ``stop_token_ids``) is among them, and
   ``finish_reason`` is ``'stop'``; ``'length'`` means ``max_tokens`` were generated.
@@ -52,18 +55,44 @@ def build_completion_payload(model: str, request: RolloutRequest, params: Sampli
         model: the served model name (``GET /v1/models``).
         seed: the request's seed, or None for the server's random source.
     """
-    if request.images:
-        raise VLLMProtocolError(
-            'VLLMRolloutBackend sends token ids to /v1/completions, which takes no images; '
-            "prompts with images go through LMDeployRolloutBackend (vLLM's token-in image API, "
-            "/inference/v1/generate, is not wired up: docs/multimodal.md, 'vLLM')")
-    reserved = sorted(RESERVED_FIELDS & set(request.extra))
-    if reserved:
-        raise VLLMProtocolError(f'RolloutRequest.extra may not set {reserved}: the backend sets '
-                                'them from the sampling settings')
+    return build_batch_payload(model, [request], params, seed)
+
+
+def build_batch_payload(model: str, requests: Sequence[RolloutRequest], params: SamplingParams,
+                        seed: int | None) -> dict[str, Any]:
+    """The ``/v1/completions`` body that samples ``params.n`` responses to each of
+    ``requests`` (one prompt: a flat list of ids; several: a list of such lists).
+
+    Every prompt of one body shares its sampling fields, ``extra`` and ``seed`` (vLLM
+    builds each prompt's sampling parameters from the same request), so the caller puts
+    together only requests with equal ``extra``, and a seeded request goes alone.
+
+    Args:
+        model: the served model name (``GET /v1/models``).
+        seed: the body's seed, or None for the server's random source.
+
+    Raises:
+        VLLMProtocolError: a request with images, ``extra`` fields the backend sets, or
+            requests whose ``extra`` differ.
+    """
+    for request in requests:
+        if request.images:
+            raise VLLMProtocolError(
+                'VLLMRolloutBackend sends token ids to /v1/completions, which takes no images; '
+                "prompts with images go through LMDeployRolloutBackend (vLLM's token-in image "
+                "API, /inference/v1/generate, is not wired up: docs/multimodal.md, 'vLLM')")
+        reserved = sorted(RESERVED_FIELDS & set(request.extra))
+        if reserved:
+            raise VLLMProtocolError(f'RolloutRequest.extra may not set {reserved}: the backend '
+                                    'sets them from the sampling settings')
+    extra = requests[0].extra
+    if any(r.extra != extra for r in requests[1:]):
+        raise VLLMProtocolError('one /v1/completions body takes one set of extra fields; '
+                                'requests with different RolloutRequest.extra go apart')
+    prompts = [[int(t) for t in r.input_ids] for r in requests]
     payload: dict[str, Any] = {
         'model': model,
-        'prompt': [int(t) for t in request.input_ids],
+        'prompt': prompts[0] if len(prompts) == 1 else prompts,
         'n': params.n,
         'max_tokens': params.max_new_tokens,
         'temperature': params.temperature,
@@ -81,27 +110,41 @@ def build_completion_payload(model: str, request: RolloutRequest, params: Sampli
     }
     if seed is not None:
         payload['seed'] = int(seed)
-    payload.update(request.extra)
+    payload.update(extra)
     return payload
 
 
 def parse_completion(body: Any, params: SamplingParams) -> list[RolloutSample]:
-    """The ``params.n`` samples of one ``/v1/completions`` answer, in ``index`` order.
+    """The ``params.n`` samples of one single-prompt ``/v1/completions`` answer, in
+    ``index`` order (:func:`parse_completions` with one prompt)."""
+    return parse_completions(body, params, 1)[0]
+
+
+def parse_completions(body: Any, params: SamplingParams, prompts: int
+                      ) -> list[list[RolloutSample]]:
+    """The groups of a ``/v1/completions`` answer to ``prompts`` prompts: group ``i`` holds
+    the ``params.n`` samples of prompt ``i``.
+
+    vLLM numbers the choices of a several-prompt answer on from prompt to prompt
+    (``index = i * n + j``), so prompt ``i``'s response ``j`` is choice ``i * n + j``.
 
     Raises:
-        VLLMProtocolError: fewer or more choices than ``n``, a choice without token ids or
-            logprobs, logprobs and ids of different lengths, a ``'length'`` answer shorter
-            than ``max_tokens``, an empty response, or an unknown ``finish_reason``
-            (e.g. ``'abort'``): never a partial group.
+        VLLMProtocolError: fewer or more choices than ``prompts * n``, a choice without
+            token ids or logprobs, logprobs and ids of different lengths, a ``'length'``
+            answer shorter than ``max_tokens``, an empty response, a null logprob, or an
+            unknown ``finish_reason`` (e.g. ``'abort'``): never a partial group.
     """
     choices = body.get('choices') if isinstance(body, dict) else None
     if not isinstance(choices, list):
         raise VLLMProtocolError(f'no "choices" list in the answer: {str(body)[:300]}')
-    if sorted(c.get('index', -1) for c in choices) != list(range(params.n)):
-        raise VLLMProtocolError(f'asked for n={params.n} responses, the answer has choices '
-                                f'{sorted(c.get("index") for c in choices)}')
+    n, want = params.n, prompts * params.n
+    order = sorted(choices, key=lambda c: c.get('index', -1) if isinstance(c, dict) else -1)
+    if [c.get('index') if isinstance(c, dict) else None for c in order] != list(range(want)):
+        got = sorted(c.get('index', -1) if isinstance(c, dict) else -1 for c in choices)
+        asked = f'n={n} responses' if prompts == 1 else f'{prompts} prompts x n={n} responses'
+        raise VLLMProtocolError(f'asked for {asked}, the answer has choices {got}')
     samples = []
-    for choice in sorted(choices, key=lambda c: c['index']):
+    for choice in order:
         ids = choice.get('token_ids')
         logprobs = (choice.get('logprobs') or {}).get('token_logprobs')
         if not isinstance(ids, list) or not isinstance(logprobs, list):
@@ -118,11 +161,12 @@ def parse_completion(body: Any, params: SamplingParams) -> list[RolloutSample]:
         if reason not in ('stop', 'length'):
             raise VLLMProtocolError(f'choice {choice["index"]} ended with finish_reason '
                                     f'{reason!r} (aborted or failed on the server)')
-        if any(lp is None for lp in logprobs):
+        if None in logprobs:
             raise VLLMProtocolError(f'choice {choice["index"]} has a null logprob')
-        samples.append(RolloutSample([int(t) for t in ids], [float(x) for x in logprobs],
-                                     reason))
-    return samples
+        # map() converts in C, not a Python loop per token: the answer is already parsed
+        # JSON, this only makes sure the types are int and float
+        samples.append(RolloutSample(list(map(int, ids)), list(map(float, logprobs)), reason))
+    return [samples[i * n:(i + 1) * n] for i in range(prompts)]
 
 
 def build_probe_payload(model: str, ids: Sequence[int]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ WORKER_EXTENSION_DIR: str = str(Path(__file__).with_name('worker_extension'))
 WORKER_EXTENSION: str = 'gepo_vllm_worker.GEPOWorkerExtension'
 
 LAUNCH_KEYS: frozenset[str] = _COMMON_KEYS | {'max_model_len', 'dtype', 'kv_cache_gib',
-                                              'served_model_name', 'enforce_eager'}
+                                              'served_model_name', 'enforce_eager',
+                                              'chunked_prefill'}
 
 
 def server_env(env: dict[str, Any] | None = None) -> dict[str, str]:
@@ -35,6 +36,7 @@ class VLLMServerProcess(ServerProcess):
         PYTHON -m vllm.entrypoints.openai.api_server --model MODEL_PATH --host HOST
             --port PORT --served-model-name NAME --dtype DTYPE --max-model-len LEN
             --logprobs-mode raw_logprobs --generation-config vllm [--enforce-eager]
+            [--no-enable-chunked-prefill]
             --worker-extension-cls gepo_vllm_worker.GEPOWorkerExtension
             [--trust-remote-code] EXTRA_ARGS...
 
@@ -53,6 +55,12 @@ class VLLMServerProcess(ServerProcess):
         served_model_name: the name requests use (default ``'policy'``).
         enforce_eager: skip torch.compile and graph capture (default True: compiling
             takes minutes on a small CPU; set False on a GPU).
+        chunked_prefill: let the scheduler split a prompt over several engine steps
+            (default False: vLLM 0.32's CPU build fails the whole engine, ``RuntimeError:
+            CPU Generator does not use offset``, when a seeded request's prompt is split,
+            which happens as soon as the prompts scheduled together exceed
+            ``max_num_batched_tokens``, 2048 on CPU; without chunking a prompt is scheduled
+            whole or waits for the next step. Set True on a GPU with long prompts).
         host, port, extra_args, env, log_file, startup_timeout_s, command, trust_remote_code: as
             :class:`~gepo_xtuner.rollout.server.process.ServerProcess`.
     """
@@ -71,7 +79,7 @@ class VLLMServerProcess(ServerProcess):
                  command: list[str] | None = None, max_model_len: int = 2048,
                  dtype: str = 'auto', kv_cache_gib: float = 1.0,
                  served_model_name: str = 'policy', enforce_eager: bool = True,
-                 trust_remote_code: bool | None = None) -> None:
+                 trust_remote_code: bool | None = None, chunked_prefill: bool = False) -> None:
         if model_path is not None and (int(max_model_len) < 2 or float(kv_cache_gib) <= 0):
             raise ValueError(f'launch needs max_model_len >= 2 and kv_cache_gib > 0, got '
                              f'{max_model_len}, {kv_cache_gib}')
@@ -82,6 +90,7 @@ class VLLMServerProcess(ServerProcess):
         self.dtype = str(dtype)
         self.served_model_name = str(served_model_name)
         self.enforce_eager = bool(enforce_eager)
+        self.chunked_prefill = bool(chunked_prefill)
 
     def fields(self, model_path: str) -> dict[str, Any]:
         return {**super().fields(model_path), 'served_model_name': self.served_model_name,
@@ -89,6 +98,7 @@ class VLLMServerProcess(ServerProcess):
 
     def flags(self) -> list[str]:
         return [*(['--enforce-eager'] if self.enforce_eager else []),
+                *([] if self.chunked_prefill else ['--no-enable-chunked-prefill']),
                 '--worker-extension-cls', WORKER_EXTENSION]
 
     def command_line(self) -> str:
