@@ -117,7 +117,8 @@ def test_parquet_benchmark_and_defaults_from_the_top_level(tiny_dir, tmp_path):
         dict(name='pq', path=str(tmp_path / 'val.parquet')),
         dict(name='one', path=str(tiny_dir / 'data' / 'val.jsonl'), n=1, temperature=0.0)])
     pq, one = validator.sets
-    assert (pq.n, pq.temperature, one.n, one.temperature) == (3, 0.7, 1, 0.0)
+    assert (pq.sampling.n, pq.sampling.temperature, one.sampling.n,
+            one.sampling.temperature) == (3, 0.7, 1, 0.0)
     assert [r['id'] for r in pq.records] == [r['id'] for r in val]
     reward = Recorder()
     validator.run(**vars(loop_parts(tiny_dir / 'model', reward)))
