@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..rollout import SamplingParams
-from ..settings import check_types, docstring_attributes, field_defaults, refuse_unknown
+from ..settings import check_types, docstring_attributes, refuse_unknown
 from .step.update import (UpdateSettings, behaviour_refusal, check_training_sampling,
                           resolve_behaviour_correction)
 from .step.validation import ValSettings
@@ -168,12 +168,13 @@ class TrainCfg:
     def defaults(cls) -> dict[str, Any]:
         """``key -> default`` as the config writes it (``sampling``: ``{}``)."""
         out: dict[str, Any] = {}
-        for key, (part, f) in cls._key_fields().items():
-            owner = _PARTS[part] if part else cls
+        for key, (_, f) in cls._key_fields().items():
             if key in _RAW_DEFAULTS:
                 out[key] = _RAW_DEFAULTS[key]
-            elif key in (d := field_defaults(owner)):
-                out[key] = d[key]
+            elif f.default is not dataclasses.MISSING:
+                out[key] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[key] = f.default_factory()
         return out
 
     @classmethod

@@ -201,10 +201,15 @@ class ValSettings:
         names = [b.name for b in benches]
         for name in names:
             if names.count(name) > 1:
-                raise ValueError(f'val: two metrics would be named val/{name}/acc; rename the '
-                                 f'benchmark {name!r} (benchmark names must differ from '
-                                 'each other and from the domains of val.path)')
+                raise duplicate_metric(name)
         return cls(interval, path or None, benches, sampling, read)
+
+
+def duplicate_metric(name: str) -> ValueError:
+    """The refusal of two validation metrics named ``val/<name>/acc``."""
+    return ValueError(f'val: two metrics would be named val/{name}/acc; rename the benchmark '
+                      f'{name!r} (benchmark names must differ from each other and from the '
+                      'domains of val.path)')
 
 
 def benchmark_keys() -> list[str]:
@@ -279,10 +284,8 @@ class Validator:
         self.groups: list[str] = []
         for vs in self.sets:
             for group in vs.groups():
-                if group in self.groups:
-                    raise ValueError(f'val: two metrics would be named val/{group}/acc; rename the '
-                                     f'benchmark {group!r} (benchmark names must differ from '
-                                     'each other and from the domains of val.path)')
+                if group in self.groups:  # a benchmark named like a domain of val.path
+                    raise duplicate_metric(group)
                 self.groups.append(group)
 
     def run(self, rollout: RolloutBackend, rewards: RewardRouter, tokenizer: Any,
