@@ -128,16 +128,30 @@ class RolloutSample:
             distribution (LMDeploy's ``raw_logprobs`` mode); the sampling temperature for
             a backend that says it reports the distribution it sampled from (the
             in-process backend). Never top-p / top-k filtered.
-        finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap).
+        finish_reason: ``'stop'`` (a stop token) or ``'length'`` (hit the cap); from a
+            generation cut short by :meth:`RolloutBackend.preempt`, ``'abort'`` (the tokens
+            so far, possibly none).
         weight_version: the trainer's weight version the response was sampled with
             (RL steps whose update the rollout engine held), set by the RL loop; None
-            where nobody labelled it (validation, tools).
+            where nobody labelled it (validation, tools). For a response continued across
+            weight pushes (partial rollouts), the version of its first token.
+        token_versions: for a response continued across weight pushes, the version that
+            sampled each token (``len(response_ids)`` entries, non-decreasing); None: every
+            token has ``weight_version``.
     """
 
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     weight_version: int | None = None
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int | None]:
+        """The weight version of each token: :attr:`token_versions`, else
+        :attr:`weight_version` repeated."""
+        if self.token_versions is not None:
+            return list(self.token_versions)
+        return [self.weight_version] * len(self.response_ids)
 
 
 class RolloutBackend(abc.ABC):
@@ -166,6 +180,10 @@ class RolloutBackend(abc.ABC):
       a counter that names weight files) is in :meth:`state_dict`; the loop
       checkpoints it.
     """
+
+    #: whether :meth:`generate` may run on several threads at once (``train_cfg.
+    #: groups_in_flight > 1``); False by default
+    concurrent_generate: bool = False
 
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
         """Called once by the loop with the (unwrapped) policy and its tokenizer."""
@@ -231,6 +249,44 @@ class RolloutBackend(abc.ABC):
         if refusal is not None:
             raise ValueError(f'train_cfg.max_staleness >= 1 needs a rollout backend that can '
                              f'generate while the trainer updates: {refusal}')
+
+    def partial_refusal(self) -> str | None:
+        """Why this backend cannot cut a running :meth:`generate` short at a weight push and
+        hand back the tokens so far (``train_cfg.partial_rollout``), or None when it can
+        (:meth:`preempt`). The default refuses: a backend says it can."""
+        return (f'{type(self).__name__} cannot end a generation early with its tokens so far '
+                '(RolloutBackend.partial_refusal)')
+
+    def prepare_partial(self) -> None:
+        """Called once (after :meth:`prepare_overlap`) when the loop will :meth:`preempt`
+        generations (e.g. a server backend streams its answers from then on, so that a cut
+        request still hands back its tokens).
+
+        Raises:
+            ValueError: the reason of :meth:`partial_refusal`, when it has one.
+        """
+        self.check_partial()
+
+    def check_partial(self) -> None:
+        """Refuses ``train_cfg.partial_rollout`` with this backend when it cannot
+        :meth:`preempt` (the one wording of that refusal).
+
+        Raises:
+            ValueError: the reason of :meth:`partial_refusal`, naming the key.
+        """
+        refusal = self.partial_refusal()
+        if refusal is not None:
+            raise ValueError('train_cfg.partial_rollout needs a rollout backend that can end '
+                             f'a generation early with its tokens so far: {refusal}')
+
+    def preempt(self) -> None:
+        """Ends every :meth:`generate` that began before this call, early and without
+        error: each response comes back with the tokens (and logprobs) it has, and
+        ``finish_reason='abort'`` unless it had already ended. Returns once no request of
+        those calls runs on the engine any more, so weights can be pushed. Calls that begin
+        afterwards are not affected. Called from the main thread while another thread
+        generates (partial rollouts); only after :meth:`prepare_partial`."""
+        raise NotImplementedError(self.partial_refusal())
 
     def abort(self) -> None:
         """Cancels a :meth:`generate` running on another thread, as far as the backend can

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList)
 
 from ..ops.multimodal import MMInputs, can_concat, concat_mm_inputs, mm_to, placeholder_token_ids
 from ..ops.token import gather_logprobs
@@ -71,6 +72,7 @@ class HFRolloutBackend(RolloutBackend):
         self.pad_token_id: int | None = None
         self.suppress: tuple[int, ...] = ()
         self.own_copy = False  # sampling from a copy of the policy (prepare_overlap)
+        self._epoch = 0  # preempt() calls so far: a generate begun before the last one ends
 
     def logprob_temperature(self, params: SamplingParams) -> float:
         """The sampling temperature: logprobs are those of ``softmax(logits / temperature)``,
@@ -79,6 +81,16 @@ class HFRolloutBackend(RolloutBackend):
 
     def overlap_refusal(self) -> str | None:
         return None
+
+    def partial_refusal(self) -> str | None:
+        return None
+
+    def preempt(self) -> None:
+        """Ends the :meth:`generate` calls begun before it after their current decoding
+        step (every row of a ``generate`` batch then has the same number of new tokens);
+        rows not yet started come back empty. Returns at once: the caller waits for the
+        generating thread."""
+        self._epoch += 1
 
     def prepare_overlap(self) -> None:
         """Samples from a copy of the attached policy from now on; :meth:`update_weights`
@@ -128,11 +140,16 @@ class HFRolloutBackend(RolloutBackend):
             device = next(self.model.parameters()).device
             generator = torch.Generator(device).manual_seed(params.seed)
         was_training = self.model.training
+        epoch = self._epoch
         self.model.eval()
         try:
             for call in self.plan(requests, params):
+                if self._epoch != epoch:  # preempted before this batch began
+                    for i in call:
+                        samples[i] = RolloutSample([], [], 'abort')
+                    continue
                 for i, sample in zip(call, self._generate_batch([rows[i] for i in call],
-                                                                params, generator)):
+                                                                params, generator, epoch)):
                     samples[i] = sample
         finally:
             self.model.train(was_training)
@@ -175,7 +192,8 @@ class HFRolloutBackend(RolloutBackend):
         return calls
 
     def _generate_batch(self, rows: list[tuple[list[int], MMInputs]], params: SamplingParams,
-                        generator: torch.Generator | None = None) -> list[RolloutSample]:
+                        generator: torch.Generator | None = None, epoch: int | None = None
+                        ) -> list[RolloutSample]:
         device = next(self.model.parameters()).device
         width = max(len(p) for p, _ in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -196,6 +214,10 @@ class HFRolloutBackend(RolloutBackend):
                                  'not supported with it')
             extra['logits_processor'] = LogitsProcessorList(
                 [GumbelSample(params.temperature, generator)])
+        preempted = None
+        if epoch is not None:
+            preempted = Preempted(self, epoch)
+            extra['stopping_criteria'] = StoppingCriteriaList([preempted])
         config = GenerationConfig(
             do_sample=not (greedy or seeded),
             temperature=None if greedy or seeded else params.temperature,
@@ -213,16 +235,37 @@ class HFRolloutBackend(RolloutBackend):
         if not greedy and params.temperature != 1.0:  # the distribution sampled from
             logits = logits / params.temperature
         logprobs = gather_logprobs(logits, generated).cpu()
-        return [self._trim(ids, lps, params)
+        cut = preempted is not None and preempted.fired
+        return [self._trim(ids, lps, params, cut)
                 for ids, lps in zip(generated.cpu().tolist(), logprobs)]
 
     @staticmethod
-    def _trim(ids: list[int], logprobs: torch.Tensor, params: SamplingParams) -> RolloutSample:
+    def _trim(ids: list[int], logprobs: torch.Tensor, params: SamplingParams,
+              cut: bool = False) -> RolloutSample:
+        """The response up to its first stop token; without one: ``'length'`` at the cap,
+        ``'abort'`` where :meth:`preempt` cut the batch short."""
         stops = set(params.stop_token_ids)
         for t, tok in enumerate(ids):
             if tok in stops:
                 return RolloutSample(ids[:t + 1], logprobs[:t + 1].tolist(), 'stop')
+        if cut and len(ids) < params.max_new_tokens:
+            return RolloutSample(ids, logprobs.tolist(), 'abort')
         return RolloutSample(ids, logprobs.tolist(), 'length')
+
+
+class Preempted(StoppingCriteria):
+    """Stops a ``generate`` batch once its backend was preempted after the batch began
+    (:meth:`HFRolloutBackend.preempt`); ``fired`` says whether it did."""
+
+    def __init__(self, backend: HFRolloutBackend, epoch: int) -> None:
+        self.backend, self.epoch, self.fired = backend, epoch, False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor,
+                 **kwargs: Any) -> torch.BoolTensor:
+        stop = self.backend._epoch != self.epoch
+        self.fired = self.fired or stop
+        return torch.full((input_ids.shape[0], ), stop, dtype=torch.bool,
+                          device=input_ids.device)
 
 
 class GumbelSample(LogitsProcessor):

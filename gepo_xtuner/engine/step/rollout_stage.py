@@ -205,7 +205,8 @@ def build_rollout_stage(settings: 'StageSettings', backend: RolloutBackend,
         if max_steps is None:
             raise ValueError('build_rollout_stage: max_staleness >= 2 needs max_steps')
         return RolloutStageStream(backend, source, encode, seed, settings.max_staleness,
-                                  max_steps)
+                                  max_steps, partial=settings.partial_rollout,
+                                  workers=settings.groups_in_flight)
     if settings.max_staleness:
         return RolloutStageAhead(backend, source, encode, seed)
     return RolloutStage(backend, source, encode)

@@ -26,19 +26,36 @@ The rules:
   producer's order; counted per step in ``rollout/dropped_stale``. By the pacing this
   never happens within a run: it catches groups restored from a checkpoint written with
   a larger ``max_staleness``.
-- **Whole groups, one version.** Before each weight push the main thread pauses the
-  producer and waits until it is between groups (:meth:`RolloutStageStream.before_sync`,
-  ``time/rollout_pause_wait``); it resumes once the push (and any validation, which
-  uses the same backend) is done, at the end of the step. Every group is one
-  :meth:`~gepo_xtuner.rollout.RolloutBackend.generate` call of one request, so every
-  response of a group comes from one version. Partial rollouts (a group continued
-  across a push) are not done.
+- **Whole groups, one version** (default). Before each weight push the main thread
+  pauses the producer and waits until no group is in flight
+  (:meth:`RolloutStageStream.before_sync`, ``time/rollout_pause_wait``); it resumes once
+  the push (and any validation, which uses the same backend) is done, at the end of the
+  step. Every group is one :meth:`~gepo_xtuner.rollout.RolloutBackend.generate` call of
+  one request, so every response of a group comes from one version.
+- **Partial rollouts** (``partial_rollout=True``). Before each push the main thread
+  preempts the backend (:meth:`~gepo_xtuner.rollout.RolloutBackend.preempt`) instead of
+  waiting:
+  each response in flight ends where it is (``finish_reason='abort'``) and keeps its
+  tokens and their logprobs, all sampled by the version the group's call started under
+  (the push waits until none of those requests runs). After the push the producer
+  continues every cut response from its tokens so far (the prompt plus those tokens, at
+  most ``max_new_tokens`` in all) with the new weights, first in its order, and appends
+  what comes back, stamped with the new version: ``RolloutSample.token_versions`` holds
+  each token's version, and each token's logprob is the one its own version gave it.
+  Nothing is dropped or sampled twice; a group is trained only once all its responses
+  ended by a stop token or the length cap. The group's oldest tokens are its first, so
+  the pacing bound holds per token: no trained token is more than ``k`` versions old.
+  Continuations of one response with different remaining budgets go in separate calls.
+- **Several groups in flight** (``groups_in_flight=g``): ``g`` worker threads take the
+  next groups in the same order, each one call at a time (server backends).
 - **Checkpoint.** A checkpoint saved at the end of step ``s`` holds the producer's
   complete, untrained groups (batches ``s + 1 .. s + k``) as samples: token ids,
   logprobs, finish reasons, weight version, with the batch and position they answer and
-  the record's ``id``; groups in flight or not started are not saved and are generated
-  again after ``--resume`` (with the checkpoint's weights, so possibly fresher than the
-  uninterrupted run's). A resumed run re-draws its batches from the data position of
+  the record's ``id``; with partial rollouts also the groups cut at that step's push
+  (their responses so far, with each token's version), which a resumed run continues
+  with the checkpoint's weights, as the uninterrupted run does after the push. Groups
+  not started are generated after ``--resume`` (with the checkpoint's weights, so
+  possibly fresher than the uninterrupted run's). A resumed run re-draws its batches from the data position of
   the step (as every stage does), matches each saved group to its batch and position
   by the record id, and trains every prompt exactly once: batch ``s`` at step ``s``.
 - **Reproducibility.** Which version each group gets depends on thread timing (how far
@@ -98,8 +115,11 @@ class _Slot:
         request: its encoded rollout request.
         group: the K responses, each stamped with ``version``; None until complete.
         version: the weight version the group was sampled with.
-        seconds: wall time of the group's ``generate`` call.
+        seconds: wall time of the group's ``generate`` calls.
         busy: the producer is generating it now.
+        parts: partial rollouts: the K responses so far of a group cut by a push (those
+            with ``finish_reason='abort'`` are continued); None: not cut.
+        segments: the continuation calls made so far (they number the calls' seeds).
     """
 
     record_id: Any
@@ -108,6 +128,8 @@ class _Slot:
     version: int = -1
     seconds: float = 0.0
     busy: bool = False
+    parts: list[RolloutSample] | None = None
+    segments: int = 0
 
 
 class RolloutStageStream:
@@ -125,17 +147,23 @@ class RolloutStageStream:
         seed: returns the run's seed (read when a group is sampled).
         max_staleness: ``k >= 1``, the most versions a trained group may be behind.
         max_steps: the run's last step + 1: no batch at or past it is drawn or generated.
+        partial: partial rollouts (``train_cfg.partial_rollout``): a push cuts the groups
+            in flight, which continue on the new weights.
+        workers: groups generated at once (``train_cfg.groups_in_flight``).
     """
 
     def __init__(self, backend: RolloutBackend, source: Iterator[list[dict]],
                  encode: Callable[[list[dict]], list[RolloutRequest]],
-                 seed: Callable[[], int | None], max_staleness: int, max_steps: int) -> None:
+                 seed: Callable[[], int | None], max_staleness: int, max_steps: int,
+                 partial: bool = False, workers: int = 1) -> None:
         self.backend = backend
         self.source = source
         self.encode = encode
         self.seed = seed
         self.max_staleness = max_staleness
         self.max_steps = max_steps
+        self.partial = partial
+        self.workers = workers
         self._cv = threading.Condition()
         # batch index -> (records, slots); batches [_next, _drawn) are drawn, not trained
         self._batches: dict[int, tuple[list[dict], list[_Slot]]] = {}
@@ -146,7 +174,7 @@ class RolloutStageStream:
         self._paused = False
         self._stop = False
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._saved: dict[str, Any] | None = None  # restored, applied at the first step
         self._taken: dict[str, float] = {}  # the last take's figures, for step_metrics
 
@@ -155,6 +183,8 @@ class RolloutStageStream:
         """Prepares the backend; the producer starts at the first step (the loop skips the
         data already trained after this call, on ``--resume``)."""
         self.backend.prepare_overlap()
+        if self.partial:
+            self.backend.prepare_partial()
 
     def next_records(self) -> list[dict]:
         """Batch ``s``'s records: drawn now at the first step, else drawn ahead."""
@@ -186,8 +216,9 @@ class RolloutStageStream:
             _, slots = self._batches[step]
             dropped = 0
             for slot in slots:  # too old: generated again now, first in the producer's order
-                if slot.group is not None and step - slot.version > k:
-                    slot.group, dropped = None, dropped + 1
+                started = slot.group is not None or slot.parts is not None
+                if started and not slot.busy and step - slot.version > k:
+                    slot.group, slot.parts, dropped = None, None, dropped + 1
             if dropped:
                 self._cv.notify_all()
             while not all(slot.group is not None for slot in slots):
@@ -206,17 +237,31 @@ class RolloutStageStream:
                        'rollout/staleness_max': float(step - min(versions)),
                        'rollout/buffer_groups': float(buffered),
                        'rollout/dropped_stale': float(dropped)}
+        if self.partial:
+            self._taken.update(token_staleness(step, samples))
         return samples, min(versions), sum(slot.seconds for slot in slots)
 
     def before_sync(self, clock: Callable[[str], AbstractContextManager]) -> None:
-        """Pauses the producer at the end of the group it is generating (no request in
-        flight during the push)."""
-        with clock('rollout_pause_wait'), self._cv:
-            self._paused = True
-            while self._busy():
+        """Pauses the producer (no request in flight during the push): at the end of the
+        groups it is generating, or, with partial rollouts, at once: the backend is
+        preempted (again every 50 ms while a call that began just before the pause still
+        runs), and the cut responses wait for the new weights."""
+        with clock('rollout_pause_wait'):
+            with self._cv:
+                self._paused = True
+                busy = self._busy()
+            while busy and self.partial:
+                self.backend.preempt()
+                with self._cv:
+                    self._raise_error()
+                    self._cv.wait_for(lambda: not self._busy() or self._error is not None,
+                                      timeout=0.05)
+                    busy = self._busy()
+            with self._cv:
+                while self._busy():
+                    self._raise_error()
+                    self._cv.wait()
                 self._raise_error()
-                self._cv.wait()
-            self._raise_error()
 
     def discard(self) -> None:
         """Stops the producer (aborting a running generation) and drops what it held."""
@@ -257,20 +302,21 @@ class RolloutStageStream:
 
     # -- run state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's complete, untrained groups (a consistent snapshot; the producer may
-        go on): ``step`` (the next step), ``max_staleness``, ``sampling`` and ``groups``, a
-        list of ``dict(batch, position, prompt_id, version, seconds, samples)`` with the
-        samples as ``(int32 ids, float32 logprobs, finish reason)``."""
+        """This rank's complete, untrained groups and, with partial rollouts, its cut ones
+        (a consistent snapshot; the producer may go on): ``step`` (the next step),
+        ``max_staleness``, ``sampling`` and ``groups``, a list of ``dict(batch, position,
+        prompt_id, version, seconds, partial, segments, samples)`` with the samples as
+        ``(int32 ids, float32 logprobs, finish reason, int32 token versions or None)``."""
         with self._cv:
             if self._next is None and self._saved is not None:  # restored, not begun yet
                 return self._saved
             groups = [dict(batch=j, position=p, prompt_id=slot.record_id, version=slot.version,
-                           seconds=slot.seconds,
-                           samples=[(torch.tensor(s.response_ids, dtype=torch.int32),
-                                     torch.tensor(s.logprobs, dtype=torch.float32),
-                                     s.finish_reason) for s in slot.group])
+                           seconds=slot.seconds, partial=slot.group is None,
+                           segments=slot.segments,
+                           samples=[_pack(s) for s in slot.group or slot.parts])
                       for j, (_, slots) in sorted(self._batches.items())
-                      for p, slot in enumerate(slots) if slot.group is not None]
+                      for p, slot in enumerate(slots)
+                      if slot.group is not None or (slot.parts is not None and not slot.busy)]
             return dict(step=self._next, max_staleness=self.max_staleness,
                         sampling=None if self._params is None
                         else sampling_signature(self._params), groups=groups)
@@ -319,9 +365,11 @@ class RolloutStageStream:
         device = (torch.cuda.current_device()
                   if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         self._stop, self._paused, self._error = False, False, None
-        self._thread = threading.Thread(target=self._produce, args=(device, ),
-                                        name='rollout-stream', daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._produce, args=(device, ),
+                                          name=f'rollout-stream-{w}', daemon=True)
+                         for w in range(self.workers)]
+        for thread in self._threads:
+            thread.start()
 
     def _add_batch(self, records: list[dict], requests: list[RolloutRequest]) -> None:
         with self._cv:
@@ -361,8 +409,14 @@ class RolloutStageStream:
                 if slot is None or slot.record_id != g['prompt_id']:
                     unfit += 1
                     continue
-                slot.group = [RolloutSample(ids.tolist(), lps.tolist(), finish, g['version'])
-                              for ids, lps, finish in g['samples']]
+                samples = [_unpack(packed, g['version']) for packed in g['samples']]
+                if g.get('partial') and not self.partial:
+                    unfit += 1  # cut, and this run does not continue cut responses
+                    continue
+                if g.get('partial'):
+                    slot.parts, slot.segments = samples, int(g.get('segments', 0))
+                else:
+                    slot.group = samples
                 slot.version, slot.seconds = g['version'], float(g['seconds'])
                 placed += 1
         print_log(f'resumed at step {step + 1}: {placed} streamed group(s) restored from the '
@@ -375,8 +429,9 @@ class RolloutStageStream:
         return any(s.busy for _, slots in self._batches.values() for s in slots)
 
     def _job(self) -> tuple[int, int, _Slot] | None:
-        """The next group to generate: the first missing one in (batch, position) order
-        whose batch the backend's version may reach (version >= batch - k)."""
+        """The next group to generate or continue: the first one not complete and not
+        being generated, in (batch, position) order, whose batch the backend's version
+        may reach (version >= batch - k; a cut group's batch always may)."""
         for j in sorted(self._batches):
             if j > self._version + self.max_staleness:
                 return None
@@ -386,8 +441,8 @@ class RolloutStageStream:
         return None
 
     def _produce(self, device: int | None) -> None:
-        """The worker: one group per ``generate`` call, parked while paused, at the
-        bound, or with nothing drawn."""
+        """A worker: one group (or one continuation call of a cut group) per ``generate``
+        call, parked while paused, at the bound, or with nothing drawn."""
         if device is not None:  # the current CUDA device is per thread
             torch.cuda.set_device(device)
         while True:
@@ -401,10 +456,20 @@ class RolloutStageStream:
                     self._cv.wait()
                 j, p, slot = job
                 slot.busy, version = True, self._version
-                params = replace(self._params, seed=group_seed(self.seed(), dist_rank(), j, p))
+                seed = group_seed(self.seed(), dist_rank(), j, p)
+                if slot.parts is None:
+                    calls = [([slot.request], replace(self._params, seed=seed), None)]
+                else:
+                    calls = continuations(slot, self._params, seed)
+                    slot.segments += 1
             start = time.perf_counter()
             try:
-                [group] = self.backend.generate([slot.request], params)
+                answers = []
+                for requests, params, which in calls:
+                    answers.append((self.backend.generate(requests, params), which))
+                    with self._cv:
+                        if self._paused or self._stop:  # the rest after the push
+                            break
             except BaseException as exc:  # noqa: BLE001 (re-raised on the main thread)
                 with self._cv:
                     slot.busy, self._error = False, exc
@@ -412,8 +477,22 @@ class RolloutStageStream:
                 return
             with self._cv:
                 slot.busy = False
-                slot.group, slot.version = stamp([group], version)[0], version
-                slot.seconds = time.perf_counter() - start
+                slot.seconds += time.perf_counter() - start
+                for out, which in answers:
+                    if which is None:
+                        [group] = out
+                        if slot.parts is None and not any(_cut(s) for s in group):
+                            slot.group, slot.version = stamp([group], version)[0], version
+                        elif all(_cut(s) and not s.response_ids for s in group):
+                            pass  # cut before its first token: started again later
+                        else:
+                            slot.version = version
+                            slot.parts = [_extend(None, s, version) for s in group]
+                    else:
+                        for i, [sample] in zip(which, out):
+                            slot.parts[i] = _extend(slot.parts[i], sample, version)
+                if slot.parts is not None and not any(_cut(s) for s in slot.parts):
+                    slot.group, slot.parts = slot.parts, None
                 self._cv.notify_all()
 
     def _raise_error(self) -> None:
@@ -424,8 +503,7 @@ class RolloutStageStream:
 
     def _halt(self, abort: bool) -> None:
         """Stops and joins the producer (``abort``: cancels a running generation)."""
-        thread = self._thread
-        if thread is None:
+        if not self._threads:
             return
         with self._cv:
             self._stop = True
@@ -434,5 +512,84 @@ class RolloutStageStream:
         abort_call = getattr(self.backend, 'abort', None)
         if abort and busy and abort_call is not None:
             abort_call()
-        thread.join()
-        self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+
+
+def _cut(sample: RolloutSample) -> bool:
+    """Whether a preemption ended ``sample`` before a stop token or the length cap."""
+    return sample.finish_reason == 'abort'
+
+
+def _extend(done: RolloutSample | None, more: RolloutSample, version: int) -> RolloutSample:
+    """``done`` (None: nothing yet) followed by ``more``, sampled by ``version``: ids and
+    logprobs concatenated, ``more``'s finish reason, each token's version."""
+    versions = ([] if done is None else done.versions()) + [version] * len(more.response_ids)
+    return RolloutSample(([] if done is None else done.response_ids) + more.response_ids,
+                         ([] if done is None else done.logprobs) + more.logprobs,
+                         more.finish_reason, versions[0] if versions else version, versions)
+
+
+def continuations(slot: _Slot, params: SamplingParams, seed: int
+                  ) -> list[tuple[list[RolloutRequest], SamplingParams, list[int]]]:
+    """The calls that continue a cut group: its cut responses, each as one request whose
+    prompt is the group's prompt followed by the response's tokens so far (``n=1``), one
+    call per remaining budget ``max_new_tokens - tokens so far`` (shortest first), seeded
+    from the group's seed, the segment and the call.
+
+    Returns:
+        ``(requests, params, response indices)`` per call.
+    """
+    budgets: dict[int, list[int]] = {}
+    for i, sample in enumerate(slot.parts):
+        if _cut(sample):
+            budgets.setdefault(params.max_new_tokens - len(sample.response_ids), []).append(i)
+    calls = []
+    for c, budget in enumerate(sorted(budgets, reverse=True)):
+        which = budgets[budget]
+        requests = [continued(slot.request, slot.parts[i].response_ids) for i in which]
+        call_seed = (seed * 1_000_003 + 4099 * (slot.segments + 1) + c) % 2**63
+        calls.append((requests, replace(params, n=1, max_new_tokens=budget, seed=call_seed),
+                      which))
+    return calls
+
+
+def continued(request: RolloutRequest, tokens: list[int]) -> RolloutRequest:
+    """``request`` with ``tokens`` appended to its prompt (every form of it)."""
+    return replace(request, input_ids=list(request.input_ids) + list(tokens),
+                   model_input_ids=None if request.model_input_ids is None
+                   else list(request.model_input_ids) + list(tokens))
+
+
+def token_staleness(step: int, samples: Samples) -> dict[str, float]:
+    """``rollout/token_staleness`` (mean over the batch's response tokens of ``step -``
+    the token's version) and ``rollout/partial_responses`` (responses whose tokens come
+    from more than one version)."""
+    total, tokens, partial = 0, 0, 0
+    for group in samples:
+        for sample in group:
+            versions = sample.versions()
+            total += sum(step - v for v in versions)
+            tokens += len(versions)
+            partial += len(set(versions)) > 1
+    return {'rollout/token_staleness': total / max(tokens, 1),
+            'rollout/partial_responses': float(partial)}
+
+
+def _pack(sample: RolloutSample) -> tuple:
+    """A sample as checkpointed: ``(ids, logprobs, finish reason, token versions)``."""
+    return (torch.tensor(sample.response_ids, dtype=torch.int32),
+            torch.tensor(sample.logprobs, dtype=torch.float32), sample.finish_reason,
+            None if sample.token_versions is None
+            else torch.tensor(sample.token_versions, dtype=torch.int32))
+
+
+def _unpack(packed: tuple, version: int) -> RolloutSample:
+    """:func:`_pack`'s tuple (or the 3-tuple of checkpoints without token versions) as a
+    sample of the group's ``version``."""
+    ids, lps, finish, *rest = packed
+    versions = rest[0] if rest else None
+    return RolloutSample(ids.tolist(), lps.tolist(), finish,
+                         version if versions is None or not len(versions) else int(versions[0]),
+                         None if versions is None else versions.tolist())

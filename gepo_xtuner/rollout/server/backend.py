@@ -14,6 +14,7 @@ extra endpoints (sleep and wake, pause and resume).
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -188,6 +189,9 @@ class ServerRolloutBackend(RolloutBackend):
     #: whose ``/health`` answers but this does not is something else (``None``: no check)
     IDENTITY_PATH: ClassVar[str | None] = None
 
+    #: :meth:`generate` may run on several threads at once (``train_cfg.groups_in_flight``)
+    concurrent_generate: ClassVar[bool] = True
+
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, *, max_concurrency: int = 64,
                  timeout_s: float = 600.0, max_retries: int = 3, backoff_s: float = 1.0,
@@ -239,6 +243,9 @@ class ServerRolloutBackend(RolloutBackend):
         self._probe_ids: list[int] | None = None
         self._probe_records: dict[int, ProbeRecord] = {}  # rank 0: server index -> record
         self._identity: dict[int, Any] = {}  # server index -> its IDENTITY_PATH answer
+        self._epoch = 0  # preempt() calls so far: calls begun before the last one end early
+        self._epoch_lock = threading.Lock()
+        self._streaming = False  # answers streamed (prepare_partial), so a cut one keeps tokens
 
     # ------------------------------------------------------------- properties
     @property
@@ -778,6 +785,12 @@ class ServerRolloutBackend(RolloutBackend):
         if pool is None:
             return
         pool.abort()
+        self._end_in_flight(pool)
+
+    def _end_in_flight(self, pool: ServerPool) -> None:
+        """Sends :attr:`ABORT_PATH` to the servers that run requests of this backend
+        until none is in flight (at most ``timeout_s``): :meth:`abort`'s loop, which
+        :meth:`preempt` shares."""
         deadline = time.monotonic() + self.timeout_s
         wait, longest = ABORT_RESEND_S
         refused: set[int] = set()
@@ -806,6 +819,19 @@ class ServerRolloutBackend(RolloutBackend):
                           'they fail or time out', logger='current', level=logging.WARNING)
                 return
             wait = min(2 * wait, longest)
+
+    def preempt(self) -> None:
+        """Ends the requests in flight of the :meth:`generate` calls begun before it: their
+        items not yet sent come back empty, and :meth:`_end_in_flight` makes the servers
+        end those on the wire, which answer with their tokens so far (an engine that
+        supports this streams its answers after :meth:`prepare_partial` and parses
+        ``'abort'`` answers as partial). Returns once none of them runs."""
+        if self.partial_refusal() is not None:
+            raise NotImplementedError(self.partial_refusal())
+        with self._epoch_lock:
+            self._epoch += 1
+        if self._pool is not None:
+            self._end_in_flight(self._pool)
 
     def _abort_refused_hint(self) -> str:
         """What to change when a server refuses :attr:`ABORT_PATH` (appended to the

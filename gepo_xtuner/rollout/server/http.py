@@ -1,6 +1,7 @@
 """A pooled JSON-over-HTTP client with bounded concurrency, timeouts and retries."""
 
 import concurrent.futures as cf
+import json as _json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,8 +69,12 @@ class HTTPPool:
 
     def request(self, method: str, path: str, *, json: Any = None,
                 params: dict[str, Any] | None = None, retries: int | None = None,
-                timeout_s: float | None = None) -> Any:
+                timeout_s: float | None = None, stream: bool = False) -> Any:
         """One request with retries; returns the parsed JSON answer (``None`` if empty).
+
+        With ``stream``, the answer is a stream of server-sent events, read to its end:
+        returns the parsed JSON of each ``data:`` line, up to ``data: [DONE]``, in order
+        (``timeout_s`` then bounds each wait for the next bytes).
 
         Raises:
             ServerRequestError: when it gives up, naming the address, the request and
@@ -86,8 +91,15 @@ class HTTPPool:
                 raise ServerRequestError(f'{what}: not sent, the requests to this server were '
                                          'aborted (HTTPPool.abort)', url=self.base_url)
             try:
-                resp = self._client.request(method, path, json=json, params=params,
-                                            headers=headers, timeout=timeout)
+                if stream:
+                    with self._client.stream(method, path, json=json, params=params,
+                                             headers=headers, timeout=timeout) as resp:
+                        if resp.is_success:
+                            return _events(resp)
+                        resp.read()
+                else:
+                    resp = self._client.request(method, path, json=json, params=params,
+                                                headers=headers, timeout=timeout)
             except httpx.TimeoutException as e:
                 if not isinstance(e, httpx.ConnectTimeout):
                     limit = self.timeout_s if timeout_s is None else timeout_s
@@ -145,6 +157,19 @@ class HTTPPool:
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
         self._client.close()
+
+
+def _events(resp: httpx.Response) -> list[Any]:
+    """The JSON of each ``data:`` line of a server-sent-event answer, up to ``[DONE]``."""
+    out = []
+    for line in resp.iter_lines():
+        if not line.startswith('data:'):
+            continue
+        data = line[5:].strip()
+        if data == '[DONE]':
+            break
+        out.append(_json.loads(data))
+    return out
 
 
 def _body(resp: httpx.Response) -> Any:

@@ -18,6 +18,7 @@ from .protocol import (
     VLLMProtocolError,
     build_batch_payload,
     build_probe_payload,
+    merge_stream,
     parse_completions,
     parse_probe,
 )
@@ -158,6 +159,17 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         before it reloads."""
         return None
 
+    def partial_refusal(self) -> str | None:
+        """None: :meth:`preempt` sends ``POST /abort_requests``, and a streamed answer cut
+        by it keeps the tokens it had (a non-streamed one comes back empty)."""
+        return None
+
+    def prepare_partial(self) -> None:
+        """Streams every answer from now on (``stream: true``), so that one that
+        :meth:`preempt` cuts still hands back its tokens and their logprobs."""
+        super().prepare_partial()
+        self._streaming = True
+
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
                  ) -> list[list[RolloutSample]]:
@@ -165,6 +177,10 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
         With ``params.seed`` set, request ``r`` (counted over the run, checkpointed) is
         sampled with :func:`request_seed` ``(params.seed, r, n)``.
+
+        After :meth:`prepare_partial` the answers are streamed, and a call that
+        :meth:`preempt` cuts returns each response's tokens so far with
+        ``finish_reason='abort'``.
 
         Raises:
             VLLMServerError: a request failed for good, an answer was short, no server is
@@ -174,12 +190,26 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                 fields the backend sets itself).
         """
         self._ensure_server()
-        first, self.requests_sent = self.requests_sent, self.requests_sent + len(requests)
+        with self._epoch_lock:
+            epoch, streaming = self._epoch, self._streaming
+            first, self.requests_sent = self.requests_sent, self.requests_sent + len(requests)
         batches = self._batches(requests, params, first)
-        answers = self._map(lambda http, batch: parse_completions(
-            http.request('POST', '/v1/completions', json=batch[1]), params, len(batch[0])),
-            batches, size=lambda groups: sum(len(s.response_ids) for g in groups for s in g),
-            path='POST /v1/completions', protocol_errors=(VLLMProtocolError, ))
+
+        def send(http: HTTPPool, batch: tuple[list[int], dict[str, Any]]
+                 ) -> list[list[RolloutSample]]:
+            if epoch != self._epoch:  # preempted before it was sent: nothing generated
+                return [[RolloutSample([], [], 'abort') for _ in range(params.n)]
+                        for _ in batch[0]]
+            if not streaming:
+                return parse_completions(http.request('POST', '/v1/completions', json=batch[1]),
+                                         params, len(batch[0]))
+            events = http.request('POST', '/v1/completions', json={**batch[1], 'stream': True},
+                                  stream=True)
+            return parse_completions(merge_stream(events), params, len(batch[0]), partial=True)
+
+        answers = self._map(send, batches,
+                            size=lambda groups: sum(len(s.response_ids) for g in groups for s in g),
+                            path='POST /v1/completions', protocol_errors=(VLLMProtocolError, ))
         out: list[list[RolloutSample]] = [[] for _ in requests]
         for (indices, _), groups in zip(batches, answers):
             for i, group in zip(indices, groups):

@@ -120,7 +120,7 @@ def parse_completion(body: Any, params: SamplingParams) -> list[RolloutSample]:
     return parse_completions(body, params, 1)[0]
 
 
-def parse_completions(body: Any, params: SamplingParams, prompts: int
+def parse_completions(body: Any, params: SamplingParams, prompts: int, partial: bool = False
                       ) -> list[list[RolloutSample]]:
     """The groups of a ``/v1/completions`` answer to ``prompts`` prompts: group ``i`` holds
     the ``params.n`` samples of prompt ``i``.
@@ -128,11 +128,16 @@ def parse_completions(body: Any, params: SamplingParams, prompts: int
     vLLM numbers the choices of a several-prompt answer on from prompt to prompt
     (``index = i * n + j``), so prompt ``i``'s response ``j`` is choice ``i * n + j``.
 
+    Args:
+        partial: the call may have been cut short (:meth:`VLLMRolloutBackend.preempt`):
+            a choice ended with ``'abort'`` is a response so far, possibly empty.
+
     Raises:
         VLLMProtocolError: fewer or more choices than ``prompts * n``, a choice without
             token ids or logprobs, logprobs and ids of different lengths, a ``'length'``
             answer shorter than ``max_tokens``, an empty response, a null logprob, or an
-            unknown ``finish_reason`` (e.g. ``'abort'``): never a partial group.
+            unknown ``finish_reason`` (``'abort'`` unless ``partial``): never a partial
+            group by mistake.
     """
     choices = body.get('choices') if isinstance(body, dict) else None
     if not isinstance(choices, list):
@@ -151,14 +156,15 @@ def parse_completions(body: Any, params: SamplingParams, prompts: int
             raise VLLMProtocolError(
                 f'choice {choice["index"]} lacks token_ids or logprobs.token_logprobs (sent '
                 'return_token_ids=true and logprobs=0; vLLM older than 0.10 ignores the first)')
-        if len(ids) != len(logprobs) or not ids:
+        reason = choice.get('finish_reason')
+        cut = partial and reason == 'abort'
+        if len(ids) != len(logprobs) or not (ids or cut):
             raise VLLMProtocolError(f'choice {choice["index"]}: {len(ids)} token ids and '
                                     f'{len(logprobs)} logprobs')
-        reason = choice.get('finish_reason')
         if reason == 'length' and len(ids) != params.max_new_tokens:
             raise VLLMProtocolError(f'choice {choice["index"]} ended for length after '
                                     f'{len(ids)} tokens, asked for {params.max_new_tokens}')
-        if reason not in ('stop', 'length'):
+        if reason not in ('stop', 'length') and not cut:
             raise VLLMProtocolError(f'choice {choice["index"]} ended with finish_reason '
                                     f'{reason!r} (aborted or failed on the server)')
         if None in logprobs:
@@ -167,6 +173,31 @@ def parse_completions(body: Any, params: SamplingParams, prompts: int
         # JSON, this only makes sure the types are int and float
         samples.append(RolloutSample(list(map(int, ids)), list(map(float, logprobs)), reason))
     return [samples[i * n:(i + 1) * n] for i in range(prompts)]
+
+
+def merge_stream(events: Sequence[Any]) -> dict[str, Any]:
+    """The chunks of a streamed ``/v1/completions`` answer (``stream: true``) as the one
+    body a non-streamed answer would be: per choice ``index``, its ``token_ids`` and
+    ``logprobs.token_logprobs`` concatenated in order, and its last non-null
+    ``finish_reason`` (None if the stream ended without one).
+
+    Raises:
+        VLLMProtocolError: a chunk that is an error, or not a completion chunk.
+    """
+    choices: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if not isinstance(event, dict) or not isinstance(event.get('choices'), list):
+            raise VLLMProtocolError(f'a streamed chunk is not a completion: {str(event)[:300]}')
+        for c in event['choices']:
+            entry = choices.setdefault(c.get('index'), {
+                'index': c.get('index'), 'token_ids': [],
+                'logprobs': {'token_logprobs': []}, 'finish_reason': None})
+            entry['token_ids'] += c.get('token_ids') or []
+            entry['logprobs']['token_logprobs'] += (c.get('logprobs') or {}).get(
+                'token_logprobs') or []
+            if c.get('finish_reason') is not None:
+                entry['finish_reason'] = c['finish_reason']
+    return {'choices': list(choices.values())}
 
 
 def build_probe_payload(model: str, ids: Sequence[int]) -> dict[str, Any]:
