@@ -1,0 +1,266 @@
+"""Partial rollouts in the streaming stage (``train_cfg.partial_rollout``): a weight push
+cuts the responses in flight, which are continued from their tokens on the new weights.
+
+The stage is driven in the loop's call order with a stand-in engine that samples one
+token at a time and can be preempted as :meth:`RolloutBackend.preempt` says: each token's
+id is its position in the response and its logprob names the weights that sampled it,
+so a lost, repeated or mislabelled token shows. Then the in-process backend's preemption
+on the tiny policy (its cut tokens' logprobs are the policy's), and a real ``xtuner
+train`` run with partial rollouts on. The real-server test is in
+``tests/test_vllm/test_partial_vllm.py``.
+"""
+
+import itertools
+import threading
+import time
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gepo_xtuner.engine.step.batching import Rollouts, build_response_batch
+from gepo_xtuner.engine.step.rollout_stage import RolloutStageStream, build_rollout_stage
+from gepo_xtuner.engine.train_cfg import StageSettings
+from gepo_xtuner.rollout import RolloutRequest, RolloutSample, SamplingParams
+
+from .conftest import scalars, train, write_config
+
+STOP = 2
+LENGTH = 12  # every response: 11 tokens, then the stop token
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, stop_token_ids=(STOP, ))
+B = 3
+NO_HOOKS = SimpleNamespace(hooks=[], iter=0)
+
+
+def logprob(weights: int, position: int) -> float:
+    """The stand-in's logprob of the token at ``position`` under ``weights``."""
+    return -(weights + 1) - position / 100
+
+
+class TokenBackend:
+    """A stand-in engine that samples a token every ``delay`` seconds: token ``t`` of a
+    response is ``1000 + t`` (the stop token at ``t = LENGTH - 1``), its logprob
+    :func:`logprob` of the weights held when it was sampled. A prompt is ``[record id]``
+    followed by the tokens so far, so a continuation goes on at the right position.
+    :meth:`preempt` ends the calls begun before it after their current token."""
+
+    concurrent_generate = True
+
+    def __init__(self, delay: float = 0.002) -> None:
+        self.weights = 0
+        self.delay = delay
+        self.epoch = 0
+        self.calls: list[dict] = []
+        self.lock = threading.Lock()
+
+    def prepare_overlap(self) -> None:
+        pass
+
+    def prepare_partial(self) -> None:
+        pass
+
+    def preempt(self) -> None:
+        self.epoch += 1
+
+    def generate(self, requests, params):
+        epoch, out = self.epoch, []
+        for request in requests:
+            group = []
+            for _ in range(params.n):
+                start = len(request.input_ids) - 1
+                ids, lps, reason = [], [], 'length'
+                while len(ids) < params.max_new_tokens:
+                    if self.epoch != epoch:
+                        reason = 'abort'
+                        break
+                    time.sleep(self.delay)
+                    t = start + len(ids)
+                    ids.append(STOP if t == LENGTH - 1 else 1000 + t)
+                    lps.append(logprob(self.weights, t))
+                    if ids[-1] == STOP:
+                        reason = 'stop'
+                        break
+                group.append(RolloutSample(ids, lps, reason))
+            out.append(group)
+        with self.lock:
+            self.calls.append(dict(prompts=[r.input_ids for r in requests], n=params.n,
+                                   cap=params.max_new_tokens, seed=params.seed))
+        return out
+
+
+def source():
+    return ([dict(id=100 * step + i) for i in range(B)] for step in itertools.count())
+
+
+def make(backend, steps: int, k: int = 2, workers: int = 1) -> RolloutStageStream:
+    return build_rollout_stage(StageSettings(k, partial_rollout=True, groups_in_flight=workers),
+                               backend, source(),
+                               lambda records: [RolloutRequest([r['id']]) for r in records],
+                               lambda: 7, max_steps=steps)
+
+
+def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.03):
+    @contextmanager
+    def clock(name):
+        yield
+
+    seen = []
+    stage.start()
+    for step in range(first, steps):
+        records = stage.next_records()
+        requests = stage.encode(records)
+        samples, version, seconds = stage.responses(step, records, requests, PARAMS,
+                                                    step + 1 == steps)
+        time.sleep(train_seconds)
+        stage.before_sync(clock)
+        backend.weights += 1  # the push
+        batch = build_response_batch([r.input_ids for r in requests], samples, 0)
+        metrics = stage.step_metrics(step, Rollouts(records, samples, batch, version, seconds),
+                                     1.0)
+        stage.end_step(NO_HOOKS, steps, [{}])
+        seen.append(dict(step=step, ids=[r['id'] for r in records], samples=samples,
+                         metrics=metrics))
+    stage.finish()
+    return seen
+
+
+def check_whole_and_labelled(seen, k: int) -> int:
+    """Every trained response is whole (positions 0..LENGTH-1, each once, ending with the
+    stop token), each token's logprob is that of the version it is labelled with, the
+    versions never decrease along a response, and no token is more than ``k`` versions
+    old. Returns how many responses were continued across a push."""
+    continued = 0
+    for row in seen:
+        s = row['step']
+        for group in row['samples']:
+            assert len(group) == PARAMS.n
+            for sample in group:
+                assert sample.finish_reason == 'stop'
+                assert sample.response_ids == [1000 + t for t in range(LENGTH - 1)] + [STOP]
+                versions = sample.versions()
+                assert versions == sorted(versions) and versions[0] == sample.weight_version
+                assert sample.logprobs == pytest.approx([logprob(v, t) for t, v in enumerate(versions)], abs=1e-6)
+                assert all(0 <= s - v <= k for v in versions), (s, versions)
+                continued += len(set(versions)) > 1
+        m = row['metrics']
+        tokens = [v for g in row['samples'] for smp in g for v in smp.versions()]
+        assert m['rollout/token_staleness'] == pytest.approx(
+            sum(s - v for v in tokens) / len(tokens))
+        assert m['rollout/staleness_max'] <= k
+    return continued
+
+
+@pytest.mark.parametrize('workers', [1, 2])
+def test_a_push_cuts_responses_that_go_on_with_the_new_weights(workers):
+    """Pushes land in the middle of responses (the producer is never between groups for
+    long): cut responses are continued, nothing lost or repeated, every token keeps its
+    version's logprob, and k bounds every token."""
+    steps = 6
+    backend = TokenBackend()
+    stage = make(backend, steps, workers=workers)
+    seen = drive(stage, backend, steps)
+    assert [row['ids'] for row in seen] == [[100 * s + i for i in range(B)]
+                                            for s in range(steps)]
+    continued = check_whole_and_labelled(seen, 2)
+    assert continued > 0  # the test did cut responses
+    assert sum(row['metrics']['rollout/partial_responses'] for row in seen) == continued
+    # each continuation asked for what was left, one response per request
+    for call in backend.calls:
+        if len(call['prompts'][0]) > 1:
+            assert call['n'] == 1
+            assert all(call['cap'] == PARAMS.max_new_tokens - (len(p) - 1)
+                       for p in call['prompts'])
+
+
+def test_cut_groups_in_a_checkpoint_are_continued_after_resume():
+    """A checkpoint taken after a push that cut groups holds them with their tokens so far;
+    a fresh stage restored from it continues them (the saved tokens, then the rest with
+    the checkpoint's weights), so each response is whole and none is generated anew."""
+    steps = 5
+    backend = TokenBackend(delay=0.004)
+    stage = make(backend, steps)
+    drive(stage, backend, 2, train_seconds=0.05)
+    state = stage.state_dict()
+    cut = [g for g in state['groups'] if g['partial']]
+    assert cut, 'no group was in flight at the push; the test needs one'
+    kept = {(g['batch'], g['position']): g for g in state['groups']}
+    resumed = TokenBackend()
+    resumed.weights = 2
+    fresh = make(resumed, steps)
+    next(fresh.source), next(fresh.source)
+    fresh.restore(dict(ranks=[dict(rollout_stream=state)]), dict(rollout_stream=state))
+    seen = drive(fresh, resumed, steps, first=2)
+    check_whole_and_labelled(seen, 2)
+    for row in seen:
+        for p, group in enumerate(row['samples']):
+            saved = kept.get((row['step'], p))
+            if saved is None:
+                continue
+            for sample, (ids, lps, _, versions) in zip(group, saved['samples']):
+                assert sample.response_ids[:len(ids)] == ids.tolist()  # the saved prefix
+                assert sample.logprobs[:len(lps)] == pytest.approx(lps.tolist())
+    fresh_starts = [p[0] for c in resumed.calls for p in c['prompts'] if len(p) == 1]
+    assert not {g['prompt_id'] for g in state['groups']} & set(fresh_starts)
+
+
+def test_the_in_process_backend_hands_back_the_policys_tokens_when_preempted(tiny_dir):
+    """``HFRolloutBackend.preempt`` on the tiny policy: a generation on another thread ends
+    early, its responses cut with ``'abort'``, and each cut token's logprob is the one the
+    policy gives it (teacher-forced, float32)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gepo_xtuner.rollout import HFRolloutBackend
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir / 'model').float()
+    tok = AutoTokenizer.from_pretrained(tiny_dir / 'model')
+    backend = HFRolloutBackend()
+    backend.attach(model, tok)
+    backend.prepare_overlap()
+    backend.prepare_partial()
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=100, stop_token_ids=())
+    prompt = [1, 5, 9]
+    out = {}
+    steps = []
+    def slow_step(*args) -> None:  # 10 ms a token: 1 s for the whole answer
+        steps.append(1)
+        time.sleep(0.01)
+
+    slow = backend.model.register_forward_hook(slow_step)
+    thread = threading.Thread(target=lambda: out.update(
+        samples=backend.generate([RolloutRequest(prompt)], params)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(steps) < 5 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    backend.preempt()
+    thread.join(60)
+    slow.remove()
+    [group] = out['samples']
+    assert all(s.finish_reason == 'abort' and 0 < len(s.response_ids) < 100 for s in group)
+    for s in group:
+        ids = torch.tensor([prompt + s.response_ids])
+        with torch.no_grad():
+            logits = backend.model(ids).logits[0, len(prompt) - 1:-1].float()
+        expected = torch.log_softmax(logits, -1).gather(
+            -1, torch.tensor(s.response_ids)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(s.logprobs), expected, atol=1e-4)
+    again = backend.generate([RolloutRequest(prompt)], replace_n(params, 1, 3))
+    assert again[0][0].finish_reason == 'length'  # a later call is not cut
+
+
+def replace_n(params: SamplingParams, n: int, max_new_tokens: int) -> SamplingParams:
+    from dataclasses import replace
+    return replace(params, n=n, max_new_tokens=max_new_tokens)
+
+
+def test_a_run_with_partial_rollouts_trains_and_logs_them(tiny_dir, tmp_path):
+    """``xtuner train`` with ``max_staleness=2, partial_rollout=True`` on the in-process
+    backend: every step trains, with the token staleness logged within the bound."""
+    run = tmp_path / 'run'
+    train(write_config(tmp_path), run, tiny_dir, 'train_cfg.max_staleness=2',
+          'train_cfg.partial_rollout=True', 'train_cfg.max_steps=3', 'train_cfg.val=None')
+    logged = scalars(run)
+    assert sorted(logged) == [1, 2, 3]
+    for t, m in logged.items():
+        assert 0 <= m['rollout/token_staleness'] <= m['rollout/staleness_max'] <= min(2, t - 1)
+        assert m['rollout/partial_responses'] >= 0 and m['loss/pg'] == m['loss/pg']
