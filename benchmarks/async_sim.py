@@ -484,7 +484,7 @@ def simulate(eng: EngineParams, tr: TrainerParams, w: Workload,
 
     Ideal step (mean over steps ``s >= warmup``): ``sync``: ``gen_s + train_s + push``
     (``gen_s`` the batch alone on idle servers, as simulated); ``k1``:
-    ``max(gen_s, train_s) + push``; ``stream`` and ``stream_partial``:
+    ``max(gen_{s+1}, train_s) + push`` (batch ``s + 1`` is generated during update ``s``); ``stream`` and ``stream_partial``:
     ``max(gen_bound_s, train_s) + push`` (:func:`_gen_bound`). Speed-up is
     ``tokens_per_s / tokens_per_s(sync)`` when ``sync`` is among ``schedules``.
 
@@ -499,7 +499,6 @@ def simulate(eng: EngineParams, tr: TrainerParams, w: Workload,
     B, K, S, W = w.prompts, w.responses, w.steps, w.warmup
     tokens = [float(lengths[s * B:(s + 1) * B].sum()) + w.prompt_len * B * K for s in range(S)]
     out: dict[str, ScheduleResult] = {}
-    gen_alone: list[float] | None = None
     for name in schedules:
         if name not in SCHEDULES:
             raise ValueError(f'unknown schedule {name!r}')
@@ -509,15 +508,13 @@ def simulate(eng: EngineParams, tr: TrainerParams, w: Workload,
         if any(math.isnan(e) for e in ends):
             raise RuntimeError(f'{name}: the simulation stalled')
         steps = [ends[0]] + [ends[s] - ends[s - 1] for s in range(1, S)]
-        gen = [sim.batch_end[s] - sim.batch_start[s] for s in range(S)]
-        if name in ('sync', 'k1'):
-            gen_alone = gen
+        gen = [sim.batch_end[s] - sim.batch_start[s] for s in range(S + 1)]
         span = ends[-1] - ends[W - 1]
         train = sim.train_time
         if name == 'sync':
             ideal = [gen[s] + train[s] + tr.push_s for s in range(W, S)]
         elif name == 'k1':
-            ideal = [max(gen[s], train[s]) + tr.push_s for s in range(W, S)]
+            ideal = [max(gen[s + 1], train[s]) + tr.push_s for s in range(W, S)]
         else:
             ideal = [max(_gen_bound(eng, w, lengths, s), train[s]) + tr.push_s
                      for s in range(W, S)]
@@ -532,7 +529,7 @@ def simulate(eng: EngineParams, tr: TrainerParams, w: Workload,
         out[name] = ScheduleResult(
             step_s=span / (S - W), tokens_per_s=sum(tokens[W:]) / span,
             ideal_step_s=sum(ideal) / len(ideal), staleness_mean=num / den if den else 0.0,
-            staleness_max=worst, step_times=steps, gen_s=gen)
+            staleness_max=worst, step_times=steps, gen_s=gen[:S])
     if 'sync' in out:
         for r in out.values():
             r.speedup = r.tokens_per_s / out['sync'].tokens_per_s
@@ -608,14 +605,16 @@ def areal_preset() -> tuple[EngineParams, TrainerParams, Workload]:
     a node (128 GPUs), one server per GPU, 3/4 of them serving (96) and 1/4 training (32);
     batch = 128 prompts x 16 = 2,048 responses; prompt 512 tokens; 'areal' lengths around a
     median of 6K tokens, ``p99 / p50 = 4`` within a prompt; engine and trainer constants of
-    a 1.5B model on one H800 (``a = 12 ms``, ``c = 0.05 ms``, ``p = 20 us``/token,
-    ``max_running = 128``; 3.6 ms per token per rank, as ``6 * 1.5e9`` FLOPs at ~40 % of
-    peak, times 3 for the old-logprob and reference passes); push 15 s. Their synchronous
+    a 1.5B model on one H800: ``a = 12 ms``, ``c = 0.25 ms`` (attention over contexts of
+    several thousand tokens folded into the per-sequence cost), ``p = 20 us``/token,
+    ``max_running = 128``; ``t_tok = 60 us`` per token on one rank (about ``9 * 1.5e9``
+    FLOPs per token for update + old-logprob + reference passes at ~25 % of the H800's
+    dense bf16 peak), ``t0 = 10 s``; push 15 s. Their synchronous
     baseline runs generation and training on all GPUs in turn; ``--colocated-sync`` (set
     by this preset) gives ``sync`` all ``servers + ranks`` GPUs for both phases.
     """
-    eng = EngineParams(a=0.012, c=5e-5, p=2e-5, max_running=128)
-    tr = TrainerParams(t0=10.0, t_tok=3.6e-3 * 0.25, ranks=32, push_s=15.0)
+    eng = EngineParams(a=0.012, c=2.5e-4, p=2e-5, max_running=128)
+    tr = TrainerParams(t0=10.0, t_tok=6e-5, ranks=32, push_s=15.0)
     w = Workload(servers=96, prompts=128, responses=16, steps=12, warmup=2, prompt_len=512,
                  lengths='areal', median=6144, tail=4.0, max_new_tokens=27648,
                  max_staleness=4, seed=0)
