@@ -82,7 +82,7 @@ import numpy as np
 SCHEDULES = ('sync', 'k1', 'stream', 'stream_partial')
 
 # AReaL's published figures (see docs/benchmarks.md, "Scheduler simulation", for where).
-AREAL_PAPER_SPEEDUP_V1 = 2.57  # arXiv 2505.24298v1 abstract: "up to 2.57x" (best sync system)
+AREAL_PAPER_SPEEDUP_EARLY = 2.57  # an earlier abstract of arXiv 2505.24298: "up to 2.57x"
 AREAL_PAPER_SPEEDUP = 2.77     # arXiv 2505.24298v2/v4 abstract: "up to 2.77x"
 AREAL_BLOG_HOURS_1P5B = (41.0, 14.8)  # blog/AReaL_v0_3.md Table 2: 1.5B, 16 nodes, sync vs async
 
@@ -484,8 +484,8 @@ def simulate(eng: EngineParams, tr: TrainerParams, w: Workload,
 
     Ideal step (mean over steps ``s >= warmup``): ``sync``: ``gen_s + train_s + push``
     (``gen_s`` the batch alone on idle servers, as simulated); ``k1``:
-    ``max(gen_{s+1}, train_s) + push`` (batch ``s + 1`` is generated during update ``s``); ``stream`` and ``stream_partial``:
-    ``max(gen_bound_s, train_s) + push`` (:func:`_gen_bound`). Speed-up is
+    ``max(gen_{s+1}, train_s) + push`` (batch ``s + 1`` is generated during update ``s``);
+    ``stream`` and ``stream_partial``: ``max(gen_bound_s, train_s) + push`` (:func:`_gen_bound`). Speed-up is
     ``tokens_per_s / tokens_per_s(sync)`` when ``sync`` is among ``schedules``.
 
     Raises:
@@ -626,7 +626,7 @@ def _parser() -> argparse.ArgumentParser:
     d_e, d_t, d_w = EngineParams(), TrainerParams(), Workload()
     ap.add_argument('--preset', choices=('cluster', 'areal'), default='cluster')
     ap.add_argument('--schedules', default=','.join(SCHEDULES))
-    ap.add_argument('--colocated-sync', action='store_true', default=None,
+    ap.add_argument('--colocated-sync', action=argparse.BooleanOptionalAction, default=None,
                     help='sync uses servers + ranks GPUs for both generation and training')
     for name, default in [*dataclasses.asdict(d_e).items(), *dataclasses.asdict(d_t).items(),
                           *dataclasses.asdict(d_w).items()]:
@@ -675,7 +675,7 @@ def run_cli(args: argparse.Namespace) -> dict[str, ScheduleResult]:
     if args.preset == 'areal' and 'stream_partial' in res and 'sync' in res:
         hours = AREAL_BLOG_HOURS_1P5B
         print(f'areal simulated_stream_partial_over_sync={res["stream_partial"].speedup:.2f} '
-              f'published={AREAL_PAPER_SPEEDUP_V1} (arXiv 2505.24298v1) '
+              f'published={AREAL_PAPER_SPEEDUP_EARLY} (earlier arXiv abstract) '
               f'{AREAL_PAPER_SPEEDUP} (v2+) blog_1.5B={hours[0] / hours[1]:.2f} '
               f'({hours[0]} h / {hours[1]} h)')
     print(f'simulated_in_cpu_s={cpu:.2f} (a simulation, not a measurement)')
