@@ -73,6 +73,7 @@ class HFRolloutBackend(RolloutBackend):
         self.suppress: tuple[int, ...] = ()
         self.own_copy = False  # sampling from a copy of the policy (prepare_overlap)
         self._epoch = 0  # preempt() calls so far: a generate begun before the last one ends
+        self.partial = False  # generate can be preempted (prepare_partial)
 
     def logprob_temperature(self, params: SamplingParams) -> float:
         """The sampling temperature: logprobs are those of ``softmax(logits / temperature)``,
@@ -84,6 +85,12 @@ class HFRolloutBackend(RolloutBackend):
 
     def partial_refusal(self) -> str | None:
         return None
+
+    def prepare_partial(self) -> None:
+        """From now on each ``generate`` batch checks for :meth:`preempt` after every
+        token."""
+        super().prepare_partial()
+        self.partial = True
 
     def preempt(self) -> None:
         """Ends the :meth:`generate` calls begun before it after their current decoding
@@ -148,8 +155,9 @@ class HFRolloutBackend(RolloutBackend):
                     for i in call:
                         samples[i] = RolloutSample([], [], 'abort')
                     continue
-                for i, sample in zip(call, self._generate_batch([rows[i] for i in call],
-                                                                params, generator, epoch)):
+                for i, sample in zip(call, self._generate_batch(
+                        [rows[i] for i in call], params, generator,
+                        epoch if self.partial else None)):
                     samples[i] = sample
         finally:
             self.model.train(was_training)

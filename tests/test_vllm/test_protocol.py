@@ -17,6 +17,7 @@ from gepo_xtuner.rollout.vllm.protocol import (
     build_batch_payload,
     build_completion_payload,
     build_probe_payload,
+    merge_stream,
     parse_completion,
     parse_completions,
     parse_probe,
@@ -197,3 +198,26 @@ def test_prompts_share_a_request_only_unseeded_and_beyond_the_slots():
     assert [body['seed'] for _, body in seeded] == [request_seed(3, 10 + i, 2) for i in range(7)]
     backend.max_batch_seqs = 3  # below 2 * n: one prompt per request
     assert plan(many) == [[i] for i in range(7)]
+
+
+def test_a_streamed_answer_is_read_as_the_whole_answer():
+    """The chunks of a streamed answer (one per token per choice, as vLLM 0.32 sends them,
+    the first carrying the prompt's ids) make the body a non-streamed answer would be; a
+    choice cut by an abort is a partial response only where the call may be cut."""
+    chunks = [{'choices': [{'index': 1, 'token_ids': [7], 'finish_reason': None,
+                            'logprobs': {'token_logprobs': [-0.5]}}],
+               'prompt_token_ids': [1, 5]},
+              {'choices': [{'index': 0, 'token_ids': [4], 'finish_reason': None,
+                            'logprobs': {'token_logprobs': [-0.1]}}]},
+              {'choices': [{'index': 0, 'token_ids': [9], 'finish_reason': 'stop',
+                            'logprobs': {'token_logprobs': [-0.2]}}]},
+              {'choices': [{'index': 1, 'token_ids': [], 'finish_reason': 'abort',
+                            'logprobs': None}]}]
+    params = SamplingParams(n=2, max_new_tokens=3, stop_token_ids=(9, ))
+    [group] = parse_completions(merge_stream(chunks), params, 1, partial=True)
+    assert [(s.response_ids, s.logprobs, s.finish_reason) for s in group] == [
+        ([4, 9], [-0.1, -0.2], 'stop'), ([7], [-0.5], 'abort')]
+    with pytest.raises(VLLMProtocolError, match="finish_reason 'abort'"):
+        parse_completions(merge_stream(chunks), params, 1)
+    with pytest.raises(VLLMProtocolError, match='not a completion'):
+        merge_stream([{'error': {'message': 'engine dead'}}])
