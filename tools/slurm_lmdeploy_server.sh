@@ -6,7 +6,8 @@
 #
 # One srun task on TP GPUs (TP defaults to 1) runs
 #   lmdeploy serve api_server MODEL --server-port PORT --backend pytorch \
-#       --logprobs-mode raw_logprobs --tp TP [--trust-remote-code] [lmdeploy args...]
+#       --logprobs-mode raw_logprobs --enable-abort-handling --tp TP [--trust-remote-code]
+#       [lmdeploy args...]
 # with --trust-remote-code when MODEL's config.json maps its classes to its own code
 # (auto_map: Intern-S1-mini), as the trainer loads it (model.trust_remote_code).
 # waits until GET /health answers, then writes LMDEPLOY_ADDR_FILE:
@@ -41,7 +42,8 @@ serve_on_node() {
         remote=(--trust-remote-code)  # the checkpoint ships its own code
     fi
     local cmd=("${LMDEPLOY:-lmdeploy}" serve api_server "$model" --server-port "$port"
-        --backend pytorch --logprobs-mode raw_logprobs --tp "$tp" "${remote[@]}" "$@")
+        --backend pytorch --logprobs-mode raw_logprobs --enable-abort-handling --tp "$tp" \
+        "${remote[@]}" "$@")
     if [[ ${DRY_RUN:-0} == 1 ]]; then
         quote_cmd "${cmd[@]}"
         return 0

@@ -378,13 +378,17 @@ class LMDeployCPUServer:
         tp: ``--tp`` (the stand-in reports that many engine workers).
         env: environment variables set while the server starts (e.g. the health
             monitor's ``LMDEPLOY_HEALTH_POLL_INTERVAL``).
+        enable_abort_handling: ``--enable-abort-handling`` (``POST /abort_request``), which
+            the backend's launch command gives LMDeploy's server (default True).
     """
 
     def __init__(self, model_path: str, logprobs_mode: str | None = 'raw_logprobs',
                  max_batch_size: int = 8, api_keys: list[str] | None = None,
                  stop_words: list[str] | None = None, session_len: int | None = None,
-                 tp: int = 1, env: dict[str, str] | None = None) -> None:
+                 tp: int = 1, env: dict[str, str] | None = None,
+                 enable_abort_handling: bool = True) -> None:
         self.model_path = str(model_path)
+        self.enable_abort_handling = enable_abort_handling
         self.port = free_port()
         self.url = f'http://127.0.0.1:{self.port}'
         self.config = PytorchEngineConfig(logprobs_mode=logprobs_mode,
@@ -432,7 +436,8 @@ class LMDeployCPUServer:
             try:
                 api_server.serve(self.model_path, backend='pytorch', backend_config=self.config,
                                  chat_template_config=self.chat_template, server_name='127.0.0.1',
-                                 server_port=self.port, api_keys=self.api_keys, log_level='ERROR')
+                                 server_port=self.port, api_keys=self.api_keys, log_level='ERROR',
+                                 enable_abort_handling=self.enable_abort_handling)
             except BaseException as e:  # noqa: BLE001 (reported by start())
                 self.error = e
                 ready.set()
@@ -507,6 +512,7 @@ def main() -> None:
     parser.add_argument('--max-batch-size', type=int, default=8)
     parser.add_argument('--logprobs-mode', default=None, choices=['raw_logprobs', 'raw_logits'])
     parser.add_argument('--api-keys', nargs='*', default=None)
+    parser.add_argument('--enable-abort-handling', action='store_true')
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault('UVICORN_LOG_LEVEL', 'warning')
@@ -517,7 +523,8 @@ def main() -> None:
     print(f'LMDeploy api_server (CPU stand-in engine) serving {args.model_path}', flush=True)
     api_server.serve(args.model_path, backend='pytorch', backend_config=config,
                      server_name=args.server_name, server_port=args.server_port,
-                     api_keys=args.api_keys, log_level='ERROR')
+                     api_keys=args.api_keys, log_level='ERROR',
+                     enable_abort_handling=args.enable_abort_handling)
 
 
 if __name__ == '__main__':

@@ -24,7 +24,7 @@ from .conftest import ROOT, load_policy
 
 SERVER_COMMAND = [sys.executable, '-m', 'tests.test_rollout.lmdeploy_cpu_engine', '{model_path}',
                   '--server-name', '{host}', '--server-port', '{port}',
-                  '--logprobs-mode', 'raw_logprobs']
+                  '--logprobs-mode', 'raw_logprobs', '--enable-abort-handling']
 SERVER_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
 # Answers GET /health with 200 and nothing else: a server that starts in milliseconds.
 HEALTH_ONLY = textwrap.dedent("""

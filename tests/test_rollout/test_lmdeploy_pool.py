@@ -143,11 +143,11 @@ def test_a_server_killed_mid_step_loses_nothing(tiny_model_dir, tmp_path, refere
     victim, sent = servers[1], []
     generate_one = lmdeploy._generate_one
 
-    def kill_on_second_request(http, payload):
+    def kill_on_second_request(http, payload, *args):
         sent.append(http.base_url)
         if sent.count(victim.url) == 2:  # its first request is being answered now
             os.killpg(victim.proc.pid, signal.SIGKILL)
-        return generate_one(http, payload)
+        return generate_one(http, payload, *args)
 
     monkeypatch.setattr(lmdeploy, '_generate_one', kill_on_second_request)
     try:

@@ -34,7 +34,7 @@ PROMPTS = [[1, 14, 20, 33], [1, 9, 9], [1, 40, 41, 42, 43, 44], [1, 5]]
 JSON = {'Content-Type': 'application/json'}
 SERVER_COMMAND = [sys.executable, '-m', 'tests.test_rollout.lmdeploy_cpu_engine', '{model_path}',
                   '--server-name', '{host}', '--server-port', '{port}',
-                  '--logprobs-mode', 'raw_logprobs']
+                  '--logprobs-mode', 'raw_logprobs', '--enable-abort-handling']
 SERVER_ENV = {'PYTHONPATH': str(ROOT), 'OMP_NUM_THREADS': '1'}
 
 

@@ -33,7 +33,7 @@ from ..test_engine.conftest import scalars
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_COMMAND = [sys.executable, '-m', 'tests.test_rollout.lmdeploy_cpu_engine', '{model_path}',
                   '--server-name', '{host}', '--server-port', '{port}',
-                  '--logprobs-mode', 'raw_logprobs']
+                  '--logprobs-mode', 'raw_logprobs', '--enable-abort-handling']
 
 
 @pytest.fixture(scope='module')

@@ -239,7 +239,8 @@ def test_lmdeploy_server_on_node_prints_the_exact_lmdeploy_command():
     line = dry_run('slurm_lmdeploy_server.sh', '--on-node', '/tmp/srv.env', '23333', '/m', '4',
                    '--session-len', '32768', LMDEPLOY='/opt/lmdeploy-env/bin/lmdeploy')
     assert line == ('/opt/lmdeploy-env/bin/lmdeploy serve api_server /m --server-port 23333 '
-                    '--backend pytorch --logprobs-mode raw_logprobs --tp 4 --session-len 32768')
+                    '--backend pytorch --logprobs-mode raw_logprobs --enable-abort-handling --tp 4 '
+                    '--session-len 32768')
 
 
 def test_lmdeploy_server_trusts_a_checkpoint_that_ships_its_own_code(tmp_path):

@@ -135,6 +135,8 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
     PROTOCOL_ERRORS = (LMDeployProtocolError, )
     #: LMDeploy's API server lists its model there (another service does not)
     IDENTITY_PATH = '/v1/models'
+    ABORT_PATH = '/abort_request'
+    ABORT_BODY = {'abort_all': True}
 
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, max_concurrency: int = 64,
@@ -300,6 +302,16 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
                     'with sleep_wake=False when the GPU holds both) or max_staleness=0')
         return None
 
+    def partial_refusal(self) -> str | None:
+        """None, except in the colocated mode: :meth:`preempt` sends ``POST
+        /abort_request`` (``abort_all``), and LMDeploy answers each aborted ``/generate``
+        with the tokens and logprobs it had (``finish_reason`` ``'abort'``)."""
+        return self.overlap_refusal()
+
+    def _abort_refused_hint(self) -> str:
+        return ('; start the server with --enable-abort-handling (a server the backend '
+                'launches gets it)')
+
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
                  ) -> list[list[RolloutSample]]:
@@ -324,10 +336,17 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
                       level=logging.WARNING)
         payloads = [build_generate_payload(r, params, self._server_stops)
                     for r in requests for _ in range(params.n)]
-        # the module's _generate_one, looked up at each call (tests wrap it)
-        flat = self._map(lambda http, payload: _generate_one(http, payload), payloads,
-                         size=lambda s: len(s.response_ids), path='POST /generate',
-                         protocol_errors=(LMDeployProtocolError, ))
+        with self._epoch_lock:
+            epoch, partial = self._epoch, self._partial
+
+        def send(http: HTTPPool, payload: dict) -> RolloutSample:
+            if epoch != self._epoch:  # preempted before it was sent: nothing generated
+                return RolloutSample([], [], 'abort')
+            # the module's _generate_one, looked up at each call (tests wrap it)
+            return _generate_one(http, payload, partial)
+
+        flat = self._map(send, payloads, size=lambda s: len(s.response_ids),
+                         path='POST /generate', protocol_errors=(LMDeployProtocolError, ))
         if self.sleep_wake:
             barrier()  # the server drops running requests when it goes to sleep
             self._on_rank0(self._sleep)
@@ -499,8 +518,9 @@ def _server_ranks(http: HTTPPool, timeout_s: float) -> int:
     return len(ranks) if isinstance(ranks, list) else 0
 
 
-def _generate_one(http: HTTPPool, payload: dict) -> RolloutSample:
-    return parse_generate_response(http.request('POST', '/generate', json=payload))
+def _generate_one(http: HTTPPool, payload: dict, partial: bool = False) -> RolloutSample:
+    """One ``/generate`` (``partial``: an ``'abort'`` answer is a response so far)."""
+    return parse_generate_response(http.request('POST', '/generate', json=payload), partial)
 
 
 def read_address_file(path: str | Path) -> tuple[str, int]:

@@ -146,11 +146,13 @@ def _data_uri(data: bytes, mime: str) -> str:
     return f'data:{mime};base64,{base64.b64encode(data).decode("ascii")}'
 
 
-def parse_generate_response(body: Mapping[str, Any]) -> RolloutSample:
+def parse_generate_response(body: Mapping[str, Any], partial: bool = False) -> RolloutSample:
     """A :class:`RolloutSample` from one non-streaming ``/generate`` response.
 
     Checks what training relies on: logprobs are present, are log-probabilities, and
-    belong to ``output_ids`` token by token; the finish reason is ``stop`` or ``length``.
+    belong to ``output_ids`` token by token; the finish reason is ``stop`` or ``length``,
+    or, with ``partial`` (the call may be cut short, ``RolloutBackend.preempt``),
+    ``abort``: the tokens so far, possibly none.
 
     Raises:
         LMDeployProtocolError: with what was wrong and what to change on the server.
@@ -161,7 +163,10 @@ def parse_generate_response(body: Mapping[str, Any]) -> RolloutSample:
     except (KeyError, TypeError, ValueError) as e:
         raise LMDeployProtocolError(f'not a /generate response ({e!r}): {str(body)[:300]}') from e
     finish = (meta.get('finish_reason') or {}).get('type')
-    if finish not in ('stop', 'length'):
+    cut = partial and finish == 'abort'
+    if cut and not output_ids:
+        return RolloutSample([], [], 'abort')
+    if finish not in ('stop', 'length') and not cut:
         raise LMDeployProtocolError(
             f'generation ended with finish_reason {finish!r} instead of stop/length (abort: '
             'the server stopped the request, e.g. /sleep or /abort_request during generation; '

@@ -23,7 +23,8 @@ class LMDeployServerProcess(ServerProcess):
     The default command is::
 
         PYTHON SERVE_ENTRY serve api_server MODEL_PATH --server-name HOST --server-port PORT
-            --backend BACKEND --tp TP --logprobs-mode raw_logprobs EXTRA_ARGS...
+            --backend BACKEND --tp TP --logprobs-mode raw_logprobs --enable-abort-handling
+            EXTRA_ARGS...
 
     where ``SERVE_ENTRY`` is :mod:`~gepo_xtuner.rollout.lmdeploy.serve_entry`'s file:
     ``python -m lmdeploy`` plus the single-GPU ``POST /update_weights`` that LMDeploy 0.18's
@@ -44,7 +45,7 @@ class LMDeployServerProcess(ServerProcess):
     DEFAULT_PORT = 23333
     COMMAND = ('{python}', '{serve_entry}', 'serve', 'api_server', '{model_path}',
                '--server-name', '{host}', '--server-port', '{port}', '--backend', '{backend}',
-               '--tp', '{tp}', '--logprobs-mode', 'raw_logprobs')
+               '--tp', '{tp}', '--logprobs-mode', 'raw_logprobs', '--enable-abort-handling')
 
     def __init__(self, model_path: str | None = None, host: str = '127.0.0.1',
                  port: int = 23333, backend: str = 'pytorch', tp: int = 1,

@@ -176,6 +176,8 @@ class ServerRolloutBackend(RolloutBackend):
     #: the engine's endpoint that aborts every request a server runs (``None``: no abort,
     #: a :meth:`generate` on another thread runs to its end)
     ABORT_PATH: ClassVar[str | None] = None
+    #: the JSON body of the :attr:`ABORT_PATH` request
+    ABORT_BODY: ClassVar[dict[str, Any]] = {}
     #: whether the engine scores a given token sequence (:meth:`_score`), which turns on
     #: the push check
     SCORES_PROBE: ClassVar[bool] = False
@@ -245,7 +247,7 @@ class ServerRolloutBackend(RolloutBackend):
         self._identity: dict[int, Any] = {}  # server index -> its IDENTITY_PATH answer
         self._epoch = 0  # preempt() calls so far: calls begun before the last one end early
         self._epoch_lock = threading.Lock()
-        self._streaming = False  # answers streamed (prepare_partial), so a cut one keeps tokens
+        self._partial = False  # prepare_partial: a cut answer is a response so far
 
     # ------------------------------------------------------------- properties
     @property
@@ -801,7 +803,7 @@ class ServerRolloutBackend(RolloutBackend):
                     continue
                 try:
                     # a plain client: the pool's connections are being cancelled
-                    resp = httpx.post(f'{s.url}{self.ABORT_PATH}', json={},
+                    resp = httpx.post(f'{s.url}{self.ABORT_PATH}', json=self.ABORT_BODY,
                                       headers=self.headers, timeout=min(10.0, left))
                 except httpx.HTTPError:
                     continue  # a dead server runs nothing; its requests fail on their own
@@ -819,6 +821,12 @@ class ServerRolloutBackend(RolloutBackend):
                           'they fail or time out', logger='current', level=logging.WARNING)
                 return
             wait = min(2 * wait, longest)
+
+    def prepare_partial(self) -> None:
+        """From now on an answer that :meth:`preempt` cut is a response so far, not an
+        error (an engine that must stream for it to keep its tokens streams)."""
+        super().prepare_partial()
+        self._partial = True
 
     def preempt(self) -> None:
         """Ends the requests in flight of the :meth:`generate` calls begun before it: their

@@ -161,14 +161,9 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
     def partial_refusal(self) -> str | None:
         """None: :meth:`preempt` sends ``POST /abort_requests``, and a streamed answer cut
-        by it keeps the tokens it had (a non-streamed one comes back empty)."""
+        by it keeps the tokens it had (a non-streamed one comes back empty on vLLM 0.32), so
+        after :meth:`prepare_partial` every answer is streamed (``stream: true``)."""
         return None
-
-    def prepare_partial(self) -> None:
-        """Streams every answer from now on (``stream: true``), so that one that
-        :meth:`preempt` cuts still hands back its tokens and their logprobs."""
-        super().prepare_partial()
-        self._streaming = True
 
     # ---------------------------------------------------------------- generation
     def generate(self, requests: Sequence[RolloutRequest], params: SamplingParams
@@ -191,7 +186,7 @@ class VLLMRolloutBackend(ServerRolloutBackend):
         """
         self._ensure_server()
         with self._epoch_lock:
-            epoch, streaming = self._epoch, self._streaming
+            epoch, streaming = self._epoch, self._partial
             first, self.requests_sent = self.requests_sent, self.requests_sent + len(requests)
         batches = self._batches(requests, params, first)
 
