@@ -188,7 +188,7 @@ def vllm_server(vllm_env, tiny_model_dir, tmp_path_factory):
 
     from gepo_xtuner.rollout.vllm.server import VLLMServerProcess
     server = VLLMServerProcess(model_path=str(tiny_model_dir), python=str(vllm_env / 'bin' /
-                               'python'), port=0, max_model_len=128, dtype='float32',
+                               'python'), port=0, max_model_len=512, dtype='float32',
                                kv_cache_gib=1, log_file=str(tmp_path_factory.mktemp('vllm') /
                                                             'server.log'))
     try:
@@ -207,11 +207,13 @@ def vllm_server(vllm_env, tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint."""
+    """A random tiny Qwen2 and its character tokenizer, saved like a hub checkpoint; 512
+    positions (the weights do not depend on it), so a server can generate responses long
+    enough for a push to land in the middle of one."""
     from gepo_xtuner.testbed.tiny import build_char_tokenizer, build_tiny_model
     out = tmp_path_factory.mktemp('tiny_policy')
     tok = build_char_tokenizer()
-    build_tiny_model(len(tok), seed=0).save_pretrained(out)
+    build_tiny_model(len(tok), seed=0, max_position_embeddings=512).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 

@@ -41,20 +41,54 @@ def perturb(model, seed: int, scale: float = 0.02) -> None:
             p.add_(torch.randn(p.shape, generator=gen) * scale)
 
 
-def update(backend, stage, settle_s: float = 0.03, limit_s: float = 30.0) -> None:
-    """The "update": returns ``settle_s`` after the backend has a request on a server, or
-    at once when the producer has nothing left to generate (at most ``limit_s``), so that
-    the push comes while responses are being generated whatever the machine's speed (a
-    faster producer would otherwise be parked at the bound, or not yet have sent its next
-    requests, when the push comes)."""
+class StreamProgress:
+    """Counts the lines of streamed answers as they arrive (wraps the HTTP client's
+    reader of server-sent events while installed), so the check can push once responses
+    in flight have tokens, not merely once their requests were sent."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._reader = None
+
+    def __enter__(self) -> 'StreamProgress':
+        from gepo_xtuner.rollout.server import http
+        self._reader = reader = http._events
+
+        def counted(resp):
+            lines = resp.iter_lines
+
+            def iter_lines():
+                for line in lines():
+                    self.lines += 1
+                    yield line
+            resp.iter_lines = iter_lines
+            return reader(resp)
+        http._events = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from gepo_xtuner.rollout.server import http
+        http._events = self._reader
+
+
+def update(backend, stage, progress: StreamProgress, settle_s: float = 0.05,
+           limit_s: float = 30.0) -> None:
+    """The "update": returns once responses are being generated (a request on a server,
+    and, for a streaming backend, some of their tokens received), or at once when the
+    producer has nothing left to generate (at most ``limit_s``), so that the push comes
+    in the middle of responses whatever the machine's speed (a faster producer would
+    otherwise be parked at the bound, or not yet have tokens, when the push comes)."""
     deadline = time.monotonic() + limit_s
+    start = progress.lines
     while time.monotonic() < deadline:
         if backend._pool.busy_servers():
-            time.sleep(settle_s)
-            return
-        with stage._cv:
-            if stage._job() is None and not stage._busy():
+            if not backend._partial or progress.lines - start >= 8:
+                time.sleep(settle_s)
                 return
+        else:
+            with stage._cv:
+                if stage._job() is None and not stage._busy():
+                    return
         time.sleep(0.002)
 
 
@@ -82,12 +116,13 @@ def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
                                 backend, source, encode, lambda: 11, max_steps=steps)
     stage.start()
     trained = []
+    progress = StreamProgress().__enter__()
     try:
         for step in range(steps):
             records = stage.next_records()
             samples, _, _ = stage.responses(step, records, stage.encode(records), params,
                                             step + 1 == steps)
-            update(backend, stage)
+            update(backend, stage, progress)
             stage.before_sync(lambda name: nullcontext())
             perturb(model, seed=step)
             backend.update_weights(model)  # a real push, checked by the probe
@@ -97,6 +132,7 @@ def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
             trained.append((step, records, samples, metrics))
             stage.end_step(SimpleNamespace(hooks=[], iter=step), steps, [{}])
     finally:
+        progress.__exit__()
         stage.finish()
     scorer = copy.deepcopy(model)
     cut, worst = 0, 0.0
