@@ -395,6 +395,7 @@ def longtail_report(rows: dict[str, list[dict]], steps_s: dict[int, float], pref
               f"pause_wait_s={_mean(v, 'time/rollout_pause_wait'):.3f} "
               f"token_staleness={_mean(v, 'rollout/token_staleness'):.2f} "
               f"partial_responses={_mean(v, 'rollout/partial_responses'):.1f} ({len(v)} steps)")
+        print(f'longtail {n} steps_s ' + ' '.join(f"{r['time/step']:.2f}" for r in v))
     for n in rows:
         for d in ('sync', 'k1'):
             if n != d and d in rows:
