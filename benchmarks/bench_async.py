@@ -419,10 +419,11 @@ def longtail_report(rows: dict[str, list[dict]], steps_s: dict[int, float], pref
         schedule = n.removesuffix('_g4')
         pred = statistics.mean(async_sim.predict(eng, tr, dataclasses.replace(w, seed=s),
                                                  (schedule, ))[schedule] for s in range(4))
-        meas = _mean(v, 'time/step')
+        meas, med = _mean(v, 'time/step'), statistics.median(r['time/step'] for r in v)
         errors.append(abs(pred - meas) / meas)
         print(f'longtail sim {n:<18} predicted_step_s={pred:.3f} measured_step_s={meas:.3f} '
-              f'error={100 * (pred - meas) / meas:+.1f}%')
+              f'error={100 * (pred - meas) / meas:+.1f}% (against the median step '
+              f'{med:.3f}: {100 * (pred - med) / med:+.1f}%)')
     print(f'longtail sim calibrated a={eng.a * 1e3:.3f}ms c={eng.c * 1e3:.4f}ms '
           f'p={eng.p * 1e6:.1f}us '
           f't0={tr.t0:.3f}s t_tok={tr.t_tok * 1e3:.4f}ms push_s={tr.push_s:.3f}; '
@@ -454,6 +455,8 @@ def main() -> None:
                    help='tokens per decode-step calibration request')
     p.add_argument('--longtail-variants', nargs='+', default=list(LONGTAIL_VARIANTS),
                    choices=list(LONGTAIL_VARIANTS))
+    p.add_argument('--keep-work', action='store_true',
+                   help="keep the runs' work directories (each step's scalars) and print where")
     a = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix='bench_async_'))
     tiny = tiny_dir(a.tiny_dir, work) if set(a.setup) - {'longtail'} else None
@@ -476,7 +479,10 @@ def main() -> None:
         bench_hf(tiny, work, a.steps, a.rounds)
     print(f'total wall time {time.time() - start:.0f}s; load average '
           f'{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
-    shutil.rmtree(work, ignore_errors=True)
+    if a.keep_work:
+        print(f'work directories kept in {work}')
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == '__main__':
