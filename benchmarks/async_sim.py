@@ -132,7 +132,8 @@ class Workload:
         steps: training steps simulated.
         warmup: first steps left out of the averages.
         prompt_len: tokens per prompt.
-        lengths: ``'lognormal'`` (median ``median``, ``p99 / p50 = tail``), ``'const'``
+        lengths: ``'lognormal'`` (median ``median``, ``p99 / p50 = tail``),
+            ``'lognormal_group'`` (the same, one draw per group), ``'const'``
             (every response ``median`` tokens) or ``'areal'`` (see :func:`draw_lengths`);
             all capped at ``max_new_tokens``.
         median: median response length (tokens).
@@ -175,6 +176,8 @@ def draw_lengths(w: Workload) -> np.ndarray:
       (``sigma = 0.6``) and its responses spread log-normally around it
       (``sigma = ln(tail) / 2.3263``); the cap then truncates the longest (a point mass at
       ``max_new_tokens``). An assumed shape, not fitted to AReaL's data.
+    * ``lognormal_group``: as ``lognormal``, one draw per group (its ``K`` responses share
+      it), as ``benchmarks/bench_async.py --setup longtail`` imposes them.
     * ``const``: every response ``median`` tokens.
 
     Lengths are clipped to ``[1, max_new_tokens]``.
@@ -187,6 +190,8 @@ def draw_lengths(w: Workload) -> np.ndarray:
         raw = np.full(shape, float(w.median))
     elif w.lengths == 'lognormal':
         raw = w.median * np.exp(sigma * z[:, 1:])
+    elif w.lengths == 'lognormal_group':
+        raw = np.repeat(w.median * np.exp(sigma * z[:, :1]), shape[1], axis=1)
     elif w.lengths == 'areal':
         raw = w.median * np.exp(0.6 * z[:, :1] + sigma * z[:, 1:])
     else:

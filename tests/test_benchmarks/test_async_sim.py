@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.async_sim import (EngineParams, TrainerParams, Workload, calibrate, predict,
@@ -138,3 +139,13 @@ def test_cli_prints_a_line_per_schedule_and_the_areal_comparison() -> None:
     assert re.search(r'^areal simulated_stream_partial_over_sync=\d+\.\d\d published=2\.57 ',
                      out, re.M), out
     assert 'colocated_sync=1' in out and 'not a measurement' in out
+
+
+def test_lognormal_group_draws_one_length_per_group() -> None:
+    from benchmarks.async_sim import draw_lengths
+    w = Workload(prompts=2000, responses=4, steps=1, warmup=0, lengths='lognormal_group',
+                 median=24, tail=10, max_new_tokens=10_000)
+    rows = draw_lengths(w)
+    assert (rows == rows[:, :1]).all()
+    p50, p99 = np.percentile(rows[:, 0], [50, 99])
+    assert 22 <= p50 <= 26 and 8 <= p99 / p50 <= 12

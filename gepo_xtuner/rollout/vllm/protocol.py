@@ -200,6 +200,25 @@ def merge_stream(events: Sequence[Any]) -> dict[str, Any]:
     return {'choices': list(choices.values())}
 
 
+def fill_cut_choices(body: dict[str, Any], choices: int) -> dict[str, Any]:
+    """A merged streamed answer (:func:`merge_stream`) of a call that a preemption cut,
+    with every choice it lacks (index ``0..choices-1``) as a response cut before its first
+    token, and every choice left without a ``finish_reason`` as cut.
+
+    vLLM streams nothing for a response aborted before its first token (it leaves out
+    empty chunks), so a request of ``n`` responses cut early answers with fewer choices,
+    or none: those responses have no tokens and are continued whole.
+    """
+    have = {c.get('index'): c for c in body.get('choices', [])}
+    out = []
+    for i in range(choices):
+        c = have.get(i) or {'index': i, 'token_ids': [], 'logprobs': {'token_logprobs': []},
+                            'finish_reason': None}
+        out.append(c if c.get('finish_reason') is not None else {**c, 'finish_reason': 'abort'})
+    return {**body, 'choices': out + [c for k, c in have.items()
+                                      if not isinstance(k, int) or not 0 <= k < choices]}
+
+
 def build_probe_payload(model: str, ids: Sequence[int]) -> dict[str, Any]:
     """The body that scores ``ids`` under the server's weights (``prompt_logprobs``)."""
     return {'model': model, 'prompt': [int(t) for t in ids], 'max_tokens': 1,
