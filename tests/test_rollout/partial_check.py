@@ -71,7 +71,7 @@ class StreamProgress:
         http._events = self._reader
 
 
-def update(backend, stage, progress: StreamProgress, settle_s: float = 0.05,
+def update(backend, stage, progress: StreamProgress, streamed: bool, settle_s: float = 0.05,
            limit_s: float = 30.0) -> None:
     """The "update": returns once responses are being generated (a request on a server,
     and, for a streaming backend, some of their tokens received), or at once when the
@@ -82,7 +82,7 @@ def update(backend, stage, progress: StreamProgress, settle_s: float = 0.05,
     start = progress.lines
     while time.monotonic() < deadline:
         if backend._pool.busy_servers():
-            if not backend._partial or progress.lines - start >= 8:
+            if not streamed or progress.lines - start >= 8:
                 time.sleep(settle_s)
                 return
         else:
@@ -94,8 +94,10 @@ def update(backend, stage, progress: StreamProgress, settle_s: float = 0.05,
 
 def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
                                groups: int = 8, n: int = 4, new_tokens: int = 96,
-                               groups_in_flight: int = 2, tolerance: float = 1e-3) -> dict:
-    """Runs the check (the backend attached to ``model``, whose weights the server holds).
+                               groups_in_flight: int = 2, tolerance: float = 1e-3,
+                               streamed: bool = False) -> dict:
+    """Runs the check (the backend attached to ``model``, whose weights the server holds;
+    ``streamed``: it streams its answers, and the push waits for some of their tokens).
 
     Returns:
         ``dict(cut=responses continued across a push, worst=largest logprob gap)``.
@@ -122,7 +124,7 @@ def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
             records = stage.next_records()
             samples, _, _ = stage.responses(step, records, stage.encode(records), params,
                                             step + 1 == steps)
-            update(backend, stage, progress)
+            update(backend, stage, progress, streamed)
             stage.before_sync(lambda name: nullcontext())
             perturb(model, seed=step)
             backend.update_weights(model)  # a real push, checked by the probe

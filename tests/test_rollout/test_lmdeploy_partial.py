@@ -24,7 +24,7 @@ def test_a_push_during_long_responses_keeps_every_token_and_its_version(tiny_mod
                      'bucket_bytes': 1 << 16, 'probe_tolerance': 1e-3})
     backend.attach(model, tok)
     try:
-        push_during_long_responses(backend, model)
+        push_during_long_responses(backend, model, steps=3)
     finally:
         backend.close()
     log = (tmp_path / 'server.log').read_text()

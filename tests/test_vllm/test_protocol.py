@@ -75,6 +75,10 @@ def test_the_launch_command_is_the_module_with_the_extension():
     assert '--no-enable-chunked-prefill' in argv
     assert '--no-enable-chunked-prefill' not in VLLMServerProcess('m', chunked_prefill=True
                                                                   ).argv()
+    # streamed answers (partial rollouts) in chunks of 16 tokens unless told otherwise
+    assert argv[argv.index('--stream-interval') + 1] == '16'
+    other = VLLMServerProcess('m', stream_interval=1).argv()
+    assert other[other.index('--stream-interval') + 1] == '1'
     line = start_command('my model', 'py')
     assert line.startswith('VLLM_SERVER_DEV_MODE=1 PYTHONPATH=') and "'my model'" in line
 
