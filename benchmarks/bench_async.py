@@ -27,7 +27,8 @@ Setups (``--setup``):
   log-normal per prompt, by default median 24, p99/p50 12, cap 384), 8 prompts x 4
   responses, 6 passes of one optimizer step per batch. Times ``sync`` (k=0), ``k1``
   (k=1), ``stream`` (k=2), ``stream_partial`` (k=2, ``partial_rollout=True``) and
-  ``stream_partial_g4`` (the same, ``groups_in_flight=4``), alternated in rounds; prints
+  ``stream_partial_g4`` (the same, ``groups_in_flight=4``) and ``stream_partial_k4_g4``
+  (that with k=4), alternated in rounds; prints
   per variant the median and mean step, trained response tokens per second of wall time
   and the same from the variant's ideal step (:func:`_ideal`), the ratios
   (``ratio_<a>_over_<b>``), and the simulator (``benchmarks/async_sim.py``) calibrated on
@@ -229,7 +230,17 @@ LONGTAIL_VARIANTS = {  # name -> train_cfg options
     'stream_partial': ['train_cfg.max_staleness=2', 'train_cfg.partial_rollout=True'],
     'stream_partial_g4': ['train_cfg.max_staleness=2', 'train_cfg.partial_rollout=True',
                           'train_cfg.groups_in_flight=4'],
+    'stream_partial_k4_g4': ['train_cfg.max_staleness=4', 'train_cfg.partial_rollout=True',
+                             'train_cfg.groups_in_flight=4'],
 }
+
+
+def _option(options: list[str], key: str, default: int) -> int:
+    """The int value of ``train_cfg.<key>=...`` among a variant's options."""
+    for option in options:
+        if option.startswith(f'train_cfg.{key}='):
+            return int(option.split('=', 1)[1])
+    return default
 
 
 def longtail_model(work: Path, max_len: int) -> Path:
@@ -371,7 +382,7 @@ def _ideal(name: str, row: dict, steps_s: dict[int, float], K: int) -> float:
         return gen + update + push
     if name == 'k1':
         return max(gen, update) + push
-    g = 4 if name.endswith('_g4') else 1
+    g = _option(LONGTAIL_VARIANTS[name], 'groups_in_flight', 1)
     b = max([s for s in steps_s if s <= g * K] or [min(steps_s)])
     return max(row['perf/gen_tokens'] * steps_s[b] / b, update) + push
 
@@ -411,12 +422,16 @@ def longtail_report(rows: dict[str, list[dict]], steps_s: dict[int, float], pref
                                    'push_s': push, 'max_running': 256, 'p': prefill})
     errors = []
     for n, v in rows.items():
+        options = LONGTAIL_VARIANTS[n]
         w = async_sim.Workload(servers=1, prompts=B, responses=K, steps=30, warmup=2,
                                prompt_len=round(prompt_len), lengths='lognormal_group',
                                median=a.longtail_median, tail=a.longtail_tail,
-                               max_new_tokens=a.longtail_cap, max_staleness=2,
-                               inflight_groups=4 if n.endswith('_g4') else 1)
-        schedule = n.removesuffix('_g4')
+                               max_new_tokens=a.longtail_cap,
+                               max_staleness=max(2, _option(options, 'max_staleness', 0)),
+                               inflight_groups=_option(options, 'groups_in_flight', 1))
+        schedule = {0: 'sync', 1: 'k1'}.get(
+            _option(options, 'max_staleness', 0),
+            'stream_partial' if 'train_cfg.partial_rollout=True' in options else 'stream')
         pred = statistics.mean(async_sim.predict(eng, tr, dataclasses.replace(w, seed=s),
                                                  (schedule, ))[schedule] for s in range(4))
         meas, med = _mean(v, 'time/step'), statistics.median(r['time/step'] for r in v)

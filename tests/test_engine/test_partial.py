@@ -140,7 +140,8 @@ def check_whole_and_labelled(seen, k: int) -> int:
                 assert sample.response_ids == [1000 + t for t in range(LENGTH - 1)] + [STOP]
                 versions = sample.versions()
                 assert versions == sorted(versions) and versions[0] == sample.weight_version
-                assert sample.logprobs == pytest.approx([logprob(v, t) for t, v in enumerate(versions)], abs=1e-6)
+                assert sample.logprobs == pytest.approx(
+                    [logprob(v, t) for t, v in enumerate(versions)], abs=1e-6)
                 assert all(0 <= s - v <= k for v in versions), (s, versions)
                 continued += len(set(versions)) > 1
         m = row['metrics']

@@ -55,9 +55,10 @@ The rules:
   (their responses so far, with each token's version), which a resumed run continues
   with the checkpoint's weights, as the uninterrupted run does after the push. Groups
   not started are generated after ``--resume`` (with the checkpoint's weights, so
-  possibly fresher than the uninterrupted run's). A resumed run re-draws its batches from the data position of
-  the step (as every stage does), matches each saved group to its batch and position
-  by the record id, and trains every prompt exactly once: batch ``s`` at step ``s``.
+  possibly fresher than the uninterrupted run's). A resumed run re-draws its batches
+  from the data position of the step (as every stage does), matches each saved group to
+  its batch and position by the record id, and trains every prompt exactly once: batch
+  ``s`` at step ``s``.
 - **Reproducibility.** Which version each group gets depends on thread timing (how far
   the producer got before each push), so the versions, and hence the trained responses
   and weights, may differ between two runs with the same seed. What is fixed: the
