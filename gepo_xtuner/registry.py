@@ -89,7 +89,8 @@ def shipped(registry: Registry) -> dict[str, type]:
 
     A user's plugin module (or a test's) registers into the same registries once it is
     imported anywhere in the process; this is the package's own part, whatever else was
-    imported before.
+    imported before. Devices of :mod:`gepo_xtuner.testbed` (e.g. the long-tail benchmark's
+    backend) are not part of it.
 
     Example:
         >>> 'GEPOAdvantage' in shipped(ADVANTAGES)
@@ -97,4 +98,5 @@ def shipped(registry: Registry) -> dict[str, type]:
     """
     registry.import_from_location()  # every module that registers into it, imported
     return {name: cls for name, cls in registry.module_dict.items()
-            if cls.__module__.split('.')[0] == 'gepo_xtuner'}
+            if cls.__module__.split('.')[0] == 'gepo_xtuner'
+            and not cls.__module__.startswith('gepo_xtuner.testbed.')}

@@ -1,18 +1,23 @@
 """Smoke test of ``benchmarks/bench_async.py --setup longtail``: a real ``vllm serve``
 (launched by the benchmark), imposed long-tailed lengths, one timed step of one round of
 the one-batch-ahead and partial-rollout schedules; checks the printed lines (no timing is
-asserted). Skips where vLLM's CPU build (``make vllm-env``) is missing."""
+asserted). Skips where vLLM's CPU build (``make vllm-env``) is missing. Marked ``slow``
+(about two minutes, most of it starting its own server): ``make test-all`` runs it,
+``make test`` does not."""
 
 import os
 import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_bench_longtail_prints_each_schedule_the_ratio_and_the_simulation(vllm_env) -> None:
     proc = preloaded.run(
         [sys.executable, str(ROOT / 'benchmarks' / 'bench_async.py'), '--setup', 'longtail',

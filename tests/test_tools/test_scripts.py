@@ -314,7 +314,7 @@ def test_lmdeploy_server_on_node_with_fake_lmdeploy_publishes_and_cleans_up(tmp_
         log = json.loads((tmp_path / 'log').read_text())
         assert log['argv'] == ['serve', 'api_server', '/models/m', '--server-port', str(port),
                                '--backend', 'pytorch', '--logprobs-mode', 'raw_logprobs',
-                               '--tp', '1']
+                               '--enable-abort-handling', '--tp', '1']
     finally:
         proc.send_signal(signal.SIGTERM)  # what scancel sends
         out, _ = proc.communicate(timeout=30)
