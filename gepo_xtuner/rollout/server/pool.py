@@ -212,6 +212,10 @@ class ServerPool:
         and raises :class:`ServerRequestError` when it failed. ``size(result)`` (e.g.
         the tokens generated) feeds the per-server throughput metric.
 
+        Several threads may call it at once: together they keep at most
+        ``max_concurrency`` requests on each server, and a call that finds every ready
+        server's slots taken by the others waits for one.
+
         Raises:
             ServerRequestError: a 4xx answer (the request is at fault), the last
                 server failed and no other was ready, or one request failed
@@ -292,9 +296,9 @@ class ServerPool:
                     continue
                 server = self._least_loaded(tried[queue[0]])
                 if server is None and state['in_flight'] == 0:
-                    self.probe()  # nothing runs: every server is out; any back yet?
+                    self.probe()  # nothing of this call runs: every server out? any back?
                     server = self._least_loaded(tried[queue[0]])
-                    if server is None:
+                    if server is None and not self.ready_servers():
                         state['error'] = state['last_failure'] or NoServerError(
                             self.describe_out('no rollout server is ready'))
                         continue
