@@ -28,8 +28,8 @@ Setups (``--setup``):
   responses, 6 passes of one optimizer step per batch. Times ``sync`` (k=0), ``k1``
   (k=1), ``stream`` (k=2), ``stream_partial`` (k=2, ``partial_rollout=True``) and
   ``stream_partial_g4`` (the same, ``groups_in_flight=4``), ``stream_partial_k4_g4``
-  (that with k=4) and ``stream_partial_k4_g8`` (8 groups in flight), alternated in
-  rounds; prints
+  (that with k=4), ``stream_partial_k4_g8`` and ``stream_partial_k8_g8`` (8 groups in
+  flight, k=4 and 8), alternated in rounds; prints
   per variant the median and mean step, trained response tokens per second of wall time
   and the same from the variant's ideal step (:func:`_ideal`), the ratios
   (``ratio_<a>_over_<b>``), and the simulator (``benchmarks/async_sim.py``) calibrated on
@@ -234,6 +234,8 @@ LONGTAIL_VARIANTS = {  # name -> train_cfg options
     'stream_partial_k4_g4': ['train_cfg.max_staleness=4', 'train_cfg.partial_rollout=True',
                              'train_cfg.groups_in_flight=4'],
     'stream_partial_k4_g8': ['train_cfg.max_staleness=4', 'train_cfg.partial_rollout=True',
+                             'train_cfg.groups_in_flight=8'],
+    'stream_partial_k8_g8': ['train_cfg.max_staleness=8', 'train_cfg.partial_rollout=True',
                              'train_cfg.groups_in_flight=8'],
 }
 
