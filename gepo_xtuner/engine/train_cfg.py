@@ -69,7 +69,7 @@ class StageSettings:
             (``RolloutSample.token_versions``; ``rollout/partial_responses``,
             ``rollout/token_staleness``). A group's first tokens stay its oldest, so k
             bounds every trained token. Needs a backend that can end a generation early
-            with its tokens (``RolloutBackend.preempt``: in-process, vLLM).
+            with its tokens (``RolloutBackend.preempt``: in-process, vLLM, LMDeploy).
         groups_in_flight: with k >= 2, how many groups the producer generates at once per
             rank (its worker threads; default 1). More keeps a server's batch full while
             single groups wait on their longest response; needs a backend whose

@@ -282,9 +282,11 @@ class RolloutBackend(abc.ABC):
     def preempt(self) -> None:
         """Ends every :meth:`generate` that began before this call, early and without
         error: each response comes back with the tokens (and logprobs) it has, and
-        ``finish_reason='abort'`` unless it had already ended. Returns once no request of
-        those calls runs on the engine any more, so weights can be pushed. Calls that begin
-        afterwards are not affected. Called from the main thread while another thread
+        ``finish_reason='abort'`` unless it had already ended. A server backend returns once
+        no request of those calls runs on the engine any more, so weights can be pushed; a
+        backend whose calls run in the caller's process (the in-process one) may return at
+        once, and the caller waits for its generating thread (the streaming stage does).
+        Calls that begin afterwards are not affected. Called from the main thread while another thread
         generates (partial rollouts); only after :meth:`prepare_partial`."""
         raise NotImplementedError(self.partial_refusal())
 

@@ -265,3 +265,39 @@ def test_a_run_with_partial_rollouts_trains_and_logs_them(tiny_dir, tmp_path):
     for t, m in logged.items():
         assert 0 <= m['rollout/token_staleness'] <= m['rollout/staleness_max'] <= min(2, t - 1)
         assert m['rollout/partial_responses'] >= 0 and m['loss/pg'] == m['loss/pg']
+
+
+def test_a_restored_cut_group_too_old_for_k_is_generated_again():
+    """A cut group restored from a checkpoint written with a larger ``max_staleness``, whose
+    first tokens would be more than ``k`` versions old at its step, is not continued: it
+    is generated anew (the drop rule cannot reach it once a worker continues it)."""
+    steps, first = 5, 3
+    backend = TokenBackend()
+    backend.weights = first
+    stage = make(backend, steps)
+    for _ in range(first):
+        next(stage.source)
+    ids = torch.tensor([1000, 1001], dtype=torch.int32)
+    cut = (ids, torch.tensor([-1.0, -1.01]), 'abort', torch.tensor([0, 0], dtype=torch.int32))
+    state = dict(step=first, max_staleness=4, sampling=None,
+                 groups=[dict(batch=3, position=0, prompt_id=300, version=0, seconds=0.1,
+                              partial=True, segments=0, samples=[cut] * PARAMS.n)])
+    stage.restore(dict(ranks=[dict(rollout_stream=state)]), dict(rollout_stream=state))
+    seen = drive(stage, backend, steps, first=first)
+    check_whole_and_labelled(seen, 2)
+    assert [p for c in backend.calls for p in c['prompts'] if p[0] == 300] == [[300]]
+
+
+def test_a_cut_response_that_cannot_be_continued_ends_as_the_cap_would():
+    """Cut exactly at the cap, it is a 'length' response; with an image placeholder among
+    its tokens (a prompt with images), it ends before the placeholder."""
+    from gepo_xtuner.engine.step.stream import _settle
+    params = SamplingParams(n=1, max_new_tokens=3)
+    full = RolloutSample([5, 6, 7], [-1.0, -2.0, -3.0], 'abort', 0, [0, 0, 1])
+    assert _settle(full, RolloutRequest([1]), params).finish_reason == 'length'
+    short = RolloutSample([5, 9, 7], [-1.0, -2.0, -3.0], 'abort', 0, [0, 0, 0])
+    assert _settle(short, RolloutRequest([1]), replace_n(params, 1, 8)) is short
+    image = RolloutRequest([1, 9], images=['x.png'], image_token_id=9)
+    ended = _settle(short, image, replace_n(params, 1, 8))
+    assert (ended.response_ids, ended.logprobs, ended.finish_reason, ended.token_versions) == \
+        ([5], [-1.0], 'length', [0])

@@ -153,8 +153,9 @@ def cut_at_tokens(samples: Sequence[Sequence[RolloutSample]], token_ids: Sequenc
         row = []
         for s in group:
             cut = next((t for t, tok in enumerate(s.response_ids) if tok in stop), None)
-            row.append(s if cut is None else
-                       RolloutSample(s.response_ids[:cut], s.logprobs[:cut], 'length'))
+            row.append(s if cut is None else RolloutSample(
+                s.response_ids[:cut], s.logprobs[:cut], 'length', s.weight_version,
+                None if s.token_versions is None else s.token_versions[:cut]))
         out.append(row)
     return out
 

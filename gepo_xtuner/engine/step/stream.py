@@ -42,8 +42,9 @@ The rules:
   most ``max_new_tokens`` in all) with the new weights, first in its order, and appends
   what comes back, stamped with the new version: ``RolloutSample.token_versions`` holds
   each token's version, and each token's logprob is the one its own version gave it.
-  Nothing is dropped or sampled twice; a group is trained only once all its responses
-  ended by a stop token or the length cap. The group's oldest tokens are its first, so
+  Nothing trained is dropped or duplicated (a server that streams in chunks may sample a
+  few tokens again that it had not sent before the cut); a group is trained only once all
+  its responses ended by a stop token or the length cap. The group's oldest tokens are its first, so
   the pacing bound holds per token: no trained token is more than ``k`` versions old.
   Continuations of one response with different remaining budgets go in separate calls.
 - **Several groups in flight** (``groups_in_flight=g``): ``g`` worker threads take the
@@ -276,7 +277,9 @@ class RolloutStageStream:
         self._halt(abort=False)
 
     def step_metrics(self, step: int, rollouts: Rollouts, seconds: float) -> dict[str, float]:
-        """``perf/gen_tokens[_per_sec]`` (over the groups' own generation time), and
+        """``perf/gen_tokens[_per_sec]`` (over the groups' own generation time: the sum of
+        their calls, which overlap with ``groups_in_flight > 1``, so then it is the tokens
+        per call-second, not per second of wall time), and
         ``rollout/staleness`` (mean over the batch's groups of ``step - version``),
         ``rollout/staleness_max``, ``rollout/buffer_groups`` (complete, untrained groups
         after the take, at most ``k * B``), ``rollout/dropped_stale`` (groups dropped at
@@ -411,8 +414,11 @@ class RolloutStageStream:
                     unfit += 1
                     continue
                 samples = [_unpack(packed, g['version']) for packed in g['samples']]
-                if g.get('partial') and not self.partial:
-                    unfit += 1  # cut, and this run does not continue cut responses
+                if g.get('partial') and (not self.partial
+                                         or g['batch'] - g['version'] > self.max_staleness):
+                    # cut, and this run does not continue cut responses, or too old to be
+                    # continued (its first tokens would be more than k versions old)
+                    unfit += 1
                     continue
                 if g.get('partial'):
                     slot.parts, slot.segments = samples, int(g.get('segments', 0))
@@ -457,14 +463,15 @@ class RolloutStageStream:
                     self._cv.wait()
                 j, p, slot = job
                 slot.busy, version = True, self._version
-                seed = group_seed(self.seed(), dist_rank(), j, p)
-                if slot.parts is None:
-                    calls = [([slot.request], replace(self._params, seed=seed), None)]
-                else:
-                    calls = continuations(slot, self._params, seed)
-                    slot.segments += 1
             start = time.perf_counter()
             try:
+                with self._cv:
+                    seed = group_seed(self.seed(), dist_rank(), j, p)
+                    if slot.parts is None:
+                        calls = [([slot.request], replace(self._params, seed=seed), None)]
+                    else:
+                        calls = continuations(slot, self._params, seed)
+                        slot.segments += 1
                 answers = []
                 for requests, params, which in calls:
                     answers.append((self.backend.generate(requests, params), which))
@@ -492,6 +499,8 @@ class RolloutStageStream:
                     else:
                         for i, [sample] in zip(which, out):
                             slot.parts[i] = _extend(slot.parts[i], sample, version)
+                if slot.parts is not None:
+                    slot.parts = [_settle(s, slot.request, self._params) for s in slot.parts]
                 if slot.parts is not None and not any(_cut(s) for s in slot.parts):
                     slot.group, slot.parts = slot.parts, None
                 self._cv.notify_all()
@@ -521,6 +530,26 @@ class RolloutStageStream:
 def _cut(sample: RolloutSample) -> bool:
     """Whether a preemption ended ``sample`` before a stop token or the length cap."""
     return sample.finish_reason == 'abort'
+
+
+def _settle(sample: RolloutSample, request: RolloutRequest, params: SamplingParams
+            ) -> RolloutSample:
+    """A cut response that cannot be continued, ended as the length cap would: one that
+    already holds ``max_new_tokens`` tokens (cut just after its last one), or, for a
+    prompt with images, one holding an image placeholder token, which the engine's
+    prompt could not take back (it ends before it, as the loop's ``cut_at_tokens`` ends
+    any response there). Other samples are returned as they are."""
+    if not _cut(sample):
+        return sample
+    end = len(sample.response_ids)
+    if request.images and request.image_token_id is not None \
+            and request.image_token_id in sample.response_ids:
+        end = sample.response_ids.index(request.image_token_id)
+    elif end < params.max_new_tokens:
+        return sample
+    versions = sample.versions()[:end]
+    return RolloutSample(sample.response_ids[:end], sample.logprobs[:end], 'length',
+                         versions[0] if versions else sample.weight_version, versions)
 
 
 def _extend(done: RolloutSample | None, more: RolloutSample, version: int) -> RolloutSample:
