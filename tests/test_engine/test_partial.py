@@ -13,24 +13,21 @@ train`` run with partial rollouts on. The real-server test is in
 import itertools
 import threading
 import time
-from contextlib import contextmanager
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from gepo_xtuner.engine.step.batching import Rollouts, build_response_batch
 from gepo_xtuner.engine.step.rollout_stage import RolloutStageStream, build_rollout_stage
 from gepo_xtuner.engine.train_cfg import StageSettings
 from gepo_xtuner.rollout import RolloutRequest, RolloutSample, SamplingParams
 
 from .conftest import scalars, train, write_config
+from .test_stream import drive as stream_drive
 
 STOP = 2
 LENGTH = 12  # every response: 11 tokens, then the stop token
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=16, stop_token_ids=(STOP, ))
 B = 3
-NO_HOOKS = SimpleNamespace(hooks=[], iter=0)
 
 
 def logprob(weights: int, position: int) -> float:
@@ -101,28 +98,8 @@ def make(backend, steps: int, k: int = 2, workers: int = 1) -> RolloutStageStrea
 
 
 def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.03):
-    @contextmanager
-    def clock(name):
-        yield
-
-    seen = []
-    stage.start()
-    for step in range(first, steps):
-        records = stage.next_records()
-        requests = stage.encode(records)
-        samples, version, seconds = stage.responses(step, records, requests, PARAMS,
-                                                    step + 1 == steps)
-        time.sleep(train_seconds)
-        stage.before_sync(clock)
-        backend.weights += 1  # the push
-        batch = build_response_batch([r.input_ids for r in requests], samples, 0)
-        metrics = stage.step_metrics(step, Rollouts(records, samples, batch, version, seconds),
-                                     1.0)
-        stage.end_step(NO_HOOKS, steps, [{}])
-        seen.append(dict(step=step, ids=[r['id'] for r in records], samples=samples,
-                         metrics=metrics))
-    stage.finish()
-    return seen
+    """``test_stream.drive`` with this file's sampling and an update of ``train_seconds``."""
+    return stream_drive(stage, backend, steps, first, train_seconds, PARAMS)
 
 
 def check_whole_and_labelled(seen, k: int) -> int:

@@ -72,11 +72,11 @@ def make(k: int, backend: StreamBackend, steps: int) -> RolloutStageStream:
     return stage
 
 
-def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.0
-          ) -> list[dict]:
+def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.0,
+          params: SamplingParams = PARAMS) -> list[dict]:
     """The loop's calls for steps ``first .. steps - 1`` (the source already advanced to
-    ``first``, as the loop does on resume): per step its ids, the groups' versions and
-    the stage's metrics."""
+    ``first``, as the loop does on resume): per step its index, ids, samples, the groups'
+    versions and the stage's metrics."""
     @contextmanager
     def clock(name):
         assert name == 'rollout_pause_wait'
@@ -87,7 +87,7 @@ def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.0
     for step in range(first, steps):
         records = stage.next_records()
         requests = stage.encode(records)
-        samples, version, seconds = stage.responses(step, records, requests, PARAMS,
+        samples, version, seconds = stage.responses(step, records, requests, params,
                                                     step + 1 == steps)
         time.sleep(train_seconds)  # the update, while the producer goes on
         stage.before_sync(clock)
@@ -96,7 +96,8 @@ def drive(stage, backend, steps: int, first: int = 0, train_seconds: float = 0.0
         metrics = stage.step_metrics(step, Rollouts(records, samples, batch, version, seconds),
                                      1.0)
         stage.end_step(NO_HOOKS, steps, [{}])
-        seen.append(dict(ids=[r['id'] for r in records], metrics=metrics,
+        seen.append(dict(step=step, ids=[r['id'] for r in records], samples=samples,
+                         metrics=metrics,
                          versions=[sorted({s.weight_version for s in g}) for g in samples],
                          sizes=[len(g) for g in samples]))
     stage.finish()
