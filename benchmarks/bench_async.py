@@ -349,13 +349,16 @@ def bench_longtail(work: Path, a: argparse.Namespace) -> None:
                                                     for b, v in steps_s.items())
               + f'; prefill {prefill * 1e6:.1f}us per token')
         config = work / 'longtail_cfg.py'
+        # request slots for every request a variant may have in flight: a cut group is
+        # continued with one request per response (the stage warns with fewer)
+        slots = max([16, B] + [_option(o, 'groups_in_flight', 1) * K for o in variants.values()])
         config.write_text(
             f"_base_ = ['{ROOT / 'configs' / 'gepo_tiny_cpu.py'}']\n"
             "custom_imports = dict(imports=['gepo_xtuner', 'gepo_xtuner.testbed.longtail'], "
             "allow_failed_imports=False)\n"
             "train_cfg = dict(rollout=dict(_delete_=True, type='LongTailVLLMBackend', "
             f"median={a.longtail_median}, tail={a.longtail_tail}, "
-            f"server_url='{server.url}', timeout_s=600, max_concurrency={max(16, B)}, "
+            f"server_url='{server.url}', timeout_s=600, max_concurrency={slots}, "
             "weight_sync=dict(mode='disk')))\n")
         common = [f'train_cfg.max_steps={a.steps + 1}', f'train_dataloader.batch_size={B}',
                   f'train_cfg.num_responses={K}', f'train_cfg.sampling.max_new_tokens={cap}',

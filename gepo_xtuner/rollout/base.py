@@ -290,6 +290,13 @@ class RolloutBackend(abc.ABC):
         generates (partial rollouts); only after :meth:`prepare_partial`."""
         raise NotImplementedError(self.partial_refusal())
 
+    def request_slots(self) -> int | None:
+        """How many requests this backend has running on its engines at once, over all of
+        them (more wait for a slot), or None when it sets no such limit (the in-process
+        backend: a call is one batch). The streaming stage warns when its workers need
+        more."""
+        return None
+
     def abort(self) -> None:
         """Cancels a :meth:`generate` running on another thread, as far as the backend can
         (the step that wanted its batch failed, :meth:`RolloutAhead.discard

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from mmengine.logging import MMLogger
 
 from gepo_xtuner.engine.step.rollout_stage import RolloutStageStream, build_rollout_stage
 from gepo_xtuner.engine.train_cfg import StageSettings
@@ -44,12 +45,18 @@ class TokenBackend:
 
     concurrent_generate = True
 
-    def __init__(self, delay: float = 0.002) -> None:
+    def __init__(self, delay: float = 0.002, slots: int | None = None,
+                 uneven: bool = False) -> None:
         self.weights = 0
         self.delay = delay
+        self.slots = slots
+        self.uneven = uneven
         self.epoch = 0
         self.calls: list[dict] = []
         self.lock = threading.Lock()
+
+    def request_slots(self) -> int | None:
+        return self.slots
 
     def prepare_overlap(self) -> None:
         pass
@@ -61,29 +68,37 @@ class TokenBackend:
         self.epoch += 1
 
     def generate(self, requests, params):
-        epoch, out = self.epoch, []
-        for request in requests:
-            group = []
-            for _ in range(params.n):
-                start = len(request.input_ids) - 1
-                ids, lps, reason = [], [], 'length'
-                while len(ids) < params.max_new_tokens:
-                    if self.epoch != epoch:
-                        reason = 'abort'
-                        break
-                    time.sleep(self.delay)
-                    t = start + len(ids)
-                    ids.append(STOP if t == LENGTH - 1 else 1000 + t)
-                    lps.append(logprob(self.weights, t))
-                    if ids[-1] == STOP:
-                        reason = 'stop'
-                        break
-                group.append(RolloutSample(ids, lps, reason))
-            out.append(group)
+        """Every response of the call side by side, one tick of ``delay`` at a time;
+        response ``j`` of a request samples a token every ``j + 1`` ticks when
+        ``uneven`` (a cut leaves them at different lengths, as an engine's chunked streams
+        do), else every tick."""
+        epoch, began = self.epoch, time.perf_counter()
+        rows = [dict(at=len(r.input_ids) - 1, ids=[], lps=[], reason=None,
+                     every=j + 1 if self.uneven else 1)
+                for r in requests for j in range(params.n)]
+        tick = 0
+        while any(row['reason'] is None for row in rows):
+            cut = self.epoch != epoch
+            if not cut:
+                time.sleep(self.delay)
+                tick += 1
+            for row in rows:
+                if row['reason'] is not None or (not cut and tick % row['every']):
+                    continue
+                if cut or len(row['ids']) == params.max_new_tokens:
+                    row['reason'] = 'abort' if cut else 'length'
+                    continue
+                t = row['at'] + len(row['ids'])
+                row['ids'].append(STOP if t == LENGTH - 1 else 1000 + t)
+                row['lps'].append(logprob(self.weights, t))
+                if row['ids'][-1] == STOP:
+                    row['reason'] = 'stop'
+        samples = [RolloutSample(row['ids'], row['lps'], row['reason']) for row in rows]
         with self.lock:
             self.calls.append(dict(prompts=[r.input_ids for r in requests], n=params.n,
-                                   cap=params.max_new_tokens, seed=params.seed))
-        return out
+                                   cap=params.max_new_tokens, seed=params.seed,
+                                   start=began, end=time.perf_counter()))
+        return [samples[i:i + params.n] for i in range(0, len(samples), params.n)]
 
 
 def source():
@@ -151,12 +166,43 @@ def test_a_push_cuts_responses_that_go_on_with_the_new_weights(workers):
                        for p in call['prompts'])
 
 
+def test_a_groups_continuations_with_different_budgets_run_at_once():
+    """Responses of a group cut at different lengths (the uneven stand-in), so the group is continued with one call per remaining budget
+    (seeds ``c = 0, 1, ...`` of one job). On a backend that takes concurrent calls those
+    calls run at once: in turn, the group would wait for the sum of their lengths."""
+    steps = 6
+    backend = TokenBackend(delay=0.004, uneven=True)
+    stage = make(backend, steps, workers=1)
+    check_whole_and_labelled(drive(stage, backend, steps), 2)
+    continuing = [c for c in backend.calls if len(c['prompts'][0]) > 1 or c['n'] == 1]
+    jobs = [(a, b) for a, b in itertools.combinations(continuing, 2)
+            if a['prompts'][0][0] == b['prompts'][0][0] and abs(a['seed'] - b['seed']) == 1]
+    assert jobs, 'no group was cut with two remaining budgets; the test needs one'
+    for a, b in jobs:
+        assert a['cap'] != b['cap']
+        assert a['start'] < b['end'] and b['start'] < a['end'], 'the calls ran in turn'
+
+
+@pytest.mark.parametrize('slots,warned', [(3, True), (4, False), (None, False)])
+def test_too_few_request_slots_for_the_groups_in_flight_are_logged(capsys, slots, warned):
+    """Two groups in flight of two responses may send four continuation requests at once;
+    a backend with fewer slots makes some wait, which the run's log says with what to
+    change."""
+    MMLogger.get_instance('gepo-partial-test')  # the "current" logger print_log writes to
+    backend = TokenBackend(slots=slots)
+    drive(make(backend, 2, workers=2), backend, 2)
+    out = capsys.readouterr()
+    log = out.out + out.err
+    assert ('may send 4 requests at once' in log and 'runs at most 3' in log
+            and 'max_concurrency' in log) == warned
+
+
 def test_cut_groups_in_a_checkpoint_are_continued_after_resume():
     """A checkpoint taken after a push that cut groups holds them with their tokens so far;
     a fresh stage restored from it continues them (the saved tokens, then the rest with
     the checkpoint's weights), so each response is whole and none is generated anew."""
     steps = 5
-    backend = TokenBackend(delay=0.004)
+    backend = TokenBackend(delay=0.008)
     stage = make(backend, steps)
     drive(stage, backend, 2, train_seconds=0.05)
     state = stage.state_dict()

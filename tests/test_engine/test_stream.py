@@ -44,6 +44,9 @@ class StreamBackend:
         self.calls: list[dict] = []
         self.prepared = False
 
+    def request_slots(self) -> None:  # no limit of its own, as the in-process backend
+        return None
+
     def prepare_overlap(self) -> None:
         self.prepared = True
 

@@ -42,3 +42,18 @@ def test_calls_that_find_every_slot_taken_wait_for_one():
     assert not errors, errors
     assert results == {c: [(c, i) for i in range(3)] for c in range(6)}
     assert most[0] <= 2  # the cap holds over all the calls together
+
+
+def test_a_server_backends_request_slots_are_its_max_concurrency_on_each_server():
+    """What the streaming stage compares ``groups_in_flight x n`` with (it warns when the
+    slots are fewer): ``max_concurrency`` on each server named, the cap the pool keeps
+    above."""
+    from gepo_xtuner.rollout.hf import HFRolloutBackend
+    from gepo_xtuner.rollout.lmdeploy.backend import LMDeployRolloutBackend
+    from gepo_xtuner.rollout.vllm.backend import VLLMRolloutBackend
+    two = VLLMRolloutBackend(server_url='http://127.0.0.1:9,http://127.0.0.1:10',
+                             max_concurrency=3)
+    assert two.request_slots() == 6
+    assert LMDeployRolloutBackend(server_url='http://127.0.0.1:9',
+                                  max_concurrency=5).request_slots() == 5
+    assert HFRolloutBackend().request_slots() is None  # one batch per call, no slots

@@ -46,7 +46,8 @@ The rules:
   few tokens again that it had not sent before the cut); a group is trained only once all
   its responses ended by a stop token or the length cap. The group's oldest tokens are its first, so
   the pacing bound holds per token: no trained token is more than ``k`` versions old.
-  Continuations of one response with different remaining budgets go in separate calls.
+  Continuations of responses with different remaining budgets go in separate calls,
+  which run at once on a backend that takes concurrent calls (the server backends).
 - **Several groups in flight** (``groups_in_flight=g``): ``g`` worker threads take the
   next groups in the same order, each one call at a time (server backends).
 - **Checkpoint.** A checkpoint saved at the end of step ``s`` holds the producer's
@@ -79,6 +80,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -361,6 +363,7 @@ class RolloutStageStream:
         the backend's version ``step`` lets the producer reach, the saved groups, the
         producer."""
         self._params = params
+        self._warn_slots(params.n)
         self._next = self._drawn = step
         self._version = step  # the loop pushed the checkpoint's weights on resume
         self._add_batch(records, requests)
@@ -374,6 +377,22 @@ class RolloutStageStream:
                          for w in range(self.workers)]
         for thread in self._threads:
             thread.start()
+
+    def _warn_slots(self, n: int) -> None:
+        """Warns when the backend's request slots cannot hold every request the workers
+        may have in flight with partial rollouts: ``groups_in_flight x n``, since a cut
+        group is continued with one request per response. The requests beyond the slots
+        wait, and with them the groups they belong to (which then miss their step)."""
+        slots = self.backend.request_slots()
+        need = self.workers * n
+        if not self.partial or slots is None or need <= slots:
+            return
+        print_log(f'partial rollouts: {self.workers} group(s) in flight of {n} responses may '
+                  f'send {need} requests at once (a cut group is continued with one request '
+                  f'per response), but {type(self.backend).__name__} runs at most {slots} '
+                  'at once; the others wait for a slot and delay their groups. Raise its '
+                  f'max_concurrency (to {need} over all servers) or lower '
+                  'train_cfg.groups_in_flight', logger='current', level=logging.WARNING)
 
     def _add_batch(self, records: list[dict], requests: list[RolloutRequest]) -> None:
         with self._cv:
@@ -472,12 +491,7 @@ class RolloutStageStream:
                     else:
                         calls = continuations(slot, self._params, seed)
                         slot.segments += 1
-                answers = []
-                for requests, params, which in calls:
-                    answers.append((self.backend.generate(requests, params), which))
-                    with self._cv:
-                        if self._paused or self._stop:  # the rest after the push
-                            break
+                answers = self._generate(calls)
             except BaseException as exc:  # noqa: BLE001 (re-raised on the main thread)
                 with self._cv:
                     slot.busy, self._error = False, exc
@@ -504,6 +518,30 @@ class RolloutStageStream:
                 if slot.parts is not None and not any(_cut(s) for s in slot.parts):
                     slot.group, slot.parts = slot.parts, None
                 self._cv.notify_all()
+
+    def _generate(self, calls: list[tuple[list[RolloutRequest], SamplingParams, Any]]
+                  ) -> list[tuple[Samples, Any]]:
+        """A job's ``generate`` calls: all at once on a backend that takes concurrent calls
+        (a cut group whose responses have different remaining budgets is continued in one
+        call per budget, and each call runs as long as its longest response: in turn, the
+        group would take their sum), else one after another, the rest left for after the
+        push once the producer is paused.
+
+        Returns:
+            ``(answer, which)`` per call made, in the order of ``calls``.
+        """
+        if len(calls) > 1 and self.backend.concurrent_generate:
+            with ThreadPoolExecutor(len(calls), thread_name_prefix='rollout-call') as pool:
+                outs = list(pool.map(lambda call: self.backend.generate(call[0], call[1]),
+                                     calls))
+            return [(out, which) for out, (_, _, which) in zip(outs, calls)]
+        answers = []
+        for requests, params, which in calls:
+            answers.append((self.backend.generate(requests, params), which))
+            with self._cv:
+                if self._paused or self._stop:  # the rest after the push
+                    break
+        return answers
 
     def _raise_error(self) -> None:
         """Re-raises (on the main thread, holding the lock) what the producer raised."""

@@ -841,6 +841,13 @@ class ServerRolloutBackend(RolloutBackend):
         if self._pool is not None:
             self._end_in_flight(self._pool)
 
+    def request_slots(self) -> int:
+        """``max_concurrency`` requests on each server, over the servers the backend holds
+        once it reached them, else over those named (one for a launched server)."""
+        servers = (len(self._pool.servers) if self._pool is not None
+                   else max(len(self.server_urls), 1))
+        return self.max_concurrency * servers
+
     def _abort_refused_hint(self) -> str:
         """What to change when a server refuses :attr:`ABORT_PATH` (appended to the
         warning)."""
