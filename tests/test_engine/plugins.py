@@ -118,11 +118,42 @@ class RecordingRolloutBackend(HFRolloutBackend):
         out = super().generate(requests, params)
         row = dict(thread=threading.current_thread().name, before=before,
                    after=weights_fingerprint(self.model.state_dict()),
-                   prompts=len(requests), seeded=params.seed is not None)
+                   prompts=len(requests), seeded=params.seed is not None, n=params.n,
+                   ids=[list(map(int, r.input_ids)) for r in requests])
         rank = dist.get_rank() if dist.is_initialized() else 0
         with open(f'{os.environ["GEPO_TEST_GENERATE_LOG"]}.{rank}', 'a') as f:
             f.write(json.dumps(row) + '\n')
         return out
+
+
+@ROLLOUT_BACKENDS.register_module()
+class SlowRecordingRolloutBackend(RecordingRolloutBackend):
+    """:class:`RecordingRolloutBackend` taking ``token_s`` seconds longer over each
+    decoding step of its own calls (the trainer's forward passes, on another thread, are
+    not slowed): generation outlasts the update, so every push finds a group in flight,
+    which partial rollouts cut."""
+
+    def __init__(self, token_s: float = 0.01, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.token_s = token_s
+        self._slowed: set[int] = set()
+
+    def attach(self, model, tokenizer) -> None:
+        super().attach(model, tokenizer)
+        slowed, token_s = self._slowed, self.token_s
+
+        def slow(*args) -> None:  # a function, so the copy prepare_overlap makes keeps it
+            if threading.get_ident() in slowed:
+                time.sleep(token_s)
+
+        self.model.register_forward_hook(slow)
+
+    def generate(self, requests, params):
+        self._slowed.add(threading.get_ident())
+        try:
+            return super().generate(requests, params)
+        finally:
+            self._slowed.discard(threading.get_ident())
 
 
 #: the token ids whose logprobs identify the weights a vLLM server holds

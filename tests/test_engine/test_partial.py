@@ -11,6 +11,7 @@ train`` run with partial rollouts on. The real-server test is in
 """
 
 import itertools
+import json
 import threading
 import time
 
@@ -324,3 +325,75 @@ def test_a_cut_response_that_cannot_be_continued_ends_as_the_cap_would():
     ended = _settle(short, image, replace_n(params, 1, 8))
     assert (ended.response_ids, ended.logprobs, ended.finish_reason, ended.token_versions) == \
         ([5], [-1.0], 'length', [0])
+
+
+PARTIAL = ['train_cfg.max_staleness=2', 'train_cfg.partial_rollout=True',
+           'train_cfg.max_steps=4', 'train_cfg.val=None',
+           'train_cfg.rollout.type=SlowRecordingRolloutBackend', 'train_cfg.rollout.token_s=0.04',
+           'default_hooks.checkpoint.interval=1', 'default_hooks.checkpoint.max_keep_ckpts=-1']
+
+
+def test_xtuner_train_resumed_with_cut_groups_continues_them(tiny_dir, tmp_path, monkeypatch):
+    """``xtuner train`` with partial rollouts on a backend slower than the update (every
+    push cuts a group), resumed from the checkpoint of step 2, which holds cut groups: the
+    resumed run trains at steps 3 and 4 the records the straight run trained then, each
+    prompt once over the two runs; each saved cut response is continued from its saved
+    tokens (a call of one response whose prompt ends with them), and only the groups the
+    checkpoint lacks are generated from their prompt."""
+    from .test_stream import HOOKS, trained
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(tmp_path / 'straight.log'))
+    straight = tmp_path / 'straight'
+    train(write_config(tmp_path, extra=HOOKS), straight, tiny_dir, *PARTIAL)
+    ckpt = straight / 'iter_2.pth'
+    saved = torch.load(ckpt, map_location='cpu', weights_only=False)[
+        'gepo_xtuner/rl_loop']['ranks'][0]['rollout_stream']
+    cut = [g for g in saved['groups'] if g['partial']]
+    assert cut, 'no group was in flight at the push of step 2; the test needs one'
+    log = tmp_path / 'resumed.log'
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(log))
+    resumed = tmp_path / 'resumed'
+    train(write_config(tmp_path, extra=HOOKS), resumed, tiny_dir, *PARTIAL, '--resume',
+          str(ckpt))
+    before, after = trained(straight), trained(resumed)
+    assert sorted(after) == [3, 4] and [after[3], after[4]] == [before[3], before[4]]
+    everything = before[1] + before[2] + after[3] + after[4]
+    assert len(everything) == len(set(everything))  # each prompt exactly once
+    calls = [json.loads(line) for line in open(f'{log}.0')]
+    continued = [ids for c in calls if c['n'] == 1 for ids in c['ids']]
+    for group in cut:
+        for tokens, _, reason, _ in group['samples']:
+            if reason == 'abort' and len(tokens):
+                tail = tokens.tolist()
+                assert any(ids[-len(tail):] == tail for ids in continued), tail
+    fresh = sum(c['prompts'] for c in calls if c['n'] > 1)
+    assert fresh == 2 * len(before[3]) - len(saved['groups'])
+    logged = scalars(resumed)
+    assert all(logged[t]['rollout/staleness_max'] <= 2 for t in (3, 4))
+
+
+def test_two_ranks_with_partial_rollouts_train_each_prompt_once_with_one_band(
+        tiny_dir, tmp_path, monkeypatch):
+    """Two gloo ranks, each streaming its own groups (cut at every push by the slow
+    backend) with its own seed: every step trains on each rank, the ranks' prompts are
+    disjoint and each trained once, and the GEPO band, reduced over the ranks' groups of
+    the step, is the same on both."""
+    from .conftest import train_ranks
+    monkeypatch.setenv('GEPO_TEST_GENERATE_LOG', str(tmp_path / 'generate.log'))
+    hooks = ("custom_hooks = [dict(type='TrainedPromptsHook'), "
+             "dict(type='DumpAdvantageStateHook')]")
+    work = tmp_path / 'run'
+    out = train_ranks(write_config(tmp_path, extra=hooks), work, tiny_dir, 2, *PARTIAL,
+                      'randomness.diff_rank_seed=True')
+    assert (work / 'iter_4.pth').exists(), out[-6000:]
+    ids = [[json.loads(line) for line in open(work / f'trained_rank{r}.jsonl')]
+           for r in (0, 1)]
+    assert [[row['step'] for row in rank] for rank in ids] == [[1, 2, 3, 4]] * 2
+    every = [i for rank in ids for row in rank for i in row['ids']]
+    assert len(every) == len(set(every))
+    states = [[json.loads(line) for line in open(work / f'state_rank{r}.jsonl')]
+              for r in (0, 1)]
+    assert [row['state'] for row in states[0]] == [row['state'] for row in states[1]]
+    assert states[0][-1]['state']  # GEPO's band was kept
+    logged = scalars(work)
+    assert all(logged[t]['rollout/staleness_max'] <= 2 for t in range(1, 5))
+    assert sum(logged[t].get('rollout/partial_responses', 0) for t in range(1, 5)) > 0
