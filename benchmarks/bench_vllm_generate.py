@@ -137,9 +137,11 @@ def direct_generate(client, model: str, prompts: list[list[int]], n: int, max_to
     return sum(len(c['token_ids']) for c in choices)
 
 
-def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str]) -> None:
+def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str],
+                    slots: list[int] | None = None) -> None:
     """The backend's ``generate`` against a direct batched client on one server: seeded
-    (one request per prompt) and unseeded (several prompts per request)."""
+    (one request per prompt) and unseeded (several prompts per request); with ``slots``,
+    once per ``max_concurrency`` value (a backend each, on the same server), alternated."""
     import httpx
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -162,6 +164,13 @@ def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str
           f'engine bound to {threads} core(s)); backend max_concurrency='
           f'{backend.max_concurrency}, max_batch_seqs={backend.max_batch_seqs}')
     client = httpx.Client(base_url=backend.url, timeout=600.0)  # kept alive across batches
+    backends = {backend.max_concurrency: backend}
+    for value in slots or ():
+        if value not in backends:
+            backends[value] = VLLMRolloutBackend(server_url=backend.url, max_concurrency=value,
+                                                 weight_sync=dict(mode='none'))
+            backends[value].attach(model, tok)
+    label = (lambda b: '') if len(backends) == 1 else (lambda b: f' @{b.max_concurrency:<3}')
     try:
         for name in workloads:
             count, n, new = DIRECT_WORKLOADS[name]
@@ -169,14 +178,14 @@ def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str
             # ignore_eos with no stop token: every response is max_new_tokens long
             requests = [RolloutRequest(p, extra={'ignore_eos': True}) for p in batch]
             tokens = count * n * new
-            sides = {
-                'backend seeded  ': lambda r: backend.generate(requests, SamplingParams(
-                    n=n, temperature=1.0, max_new_tokens=new, seed=r)),
-                'backend unseeded': lambda r: backend.generate(requests, SamplingParams(
-                    n=n, temperature=1.0, max_new_tokens=new)),
-                'direct          ': lambda r: direct_generate(
-                    client, backend.model_name, batch, n, new, r),
-            }
+            sides = {}
+            for b in backends.values():
+                sides[f'backend seeded  {label(b)}'] = lambda r, b=b: b.generate(
+                    requests, SamplingParams(n=n, temperature=1.0, max_new_tokens=new, seed=r))
+                sides[f'backend unseeded{label(b)}'] = lambda r, b=b: b.generate(
+                    requests, SamplingParams(n=n, temperature=1.0, max_new_tokens=new))
+            sides['direct          '] = lambda r: direct_generate(
+                client, backend.model_name, batch, n, new, r)
             seconds = {side: [] for side in sides}
             for r in range(repeats + 1):  # round 0 warms up
                 for side, run in sides.items():  # one after the other: load drift hits all
@@ -199,7 +208,8 @@ def bench_vs_direct(repeats: int, python: str, threads: int, workloads: list[str
                          f'  ratio_over_direct={direct / median:.2f}'))
     finally:
         client.close()
-        backend.close()
+        for b in reversed(list(backends.values())):  # the launching backend last
+            b.close()
 
 
 def main() -> None:
@@ -214,13 +224,15 @@ def main() -> None:
                    help='the backend against a direct batched client on one server')
     p.add_argument('--direct-workload', nargs='+', choices=tuple(DIRECT_WORKLOADS),
                    default=list(DIRECT_WORKLOADS), help='the --vs-direct workloads')
+    p.add_argument('--slots', type=int, nargs='+',
+                   help="--vs-direct: also the backend with these max_concurrency values")
     a = p.parse_args()
     cpu = next((line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo')
                 if line.startswith('model name')), 'unknown CPU')
     print(f'machine: {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}')
     print(f'date: {time.strftime("%Y-%m-%d %H:%M %Z")}')
     if a.vs_direct:
-        bench_vs_direct(a.repeats, a.vllm_python, a.threads, a.direct_workload)
+        bench_vs_direct(a.repeats, a.vllm_python, a.threads, a.direct_workload, a.slots)
     for name in [] if a.vs_direct else a.workload:
         bench(name, a.repeats, a.vllm_python, a.threads)
     print(f'load average after: {os.getloadavg()[0]:.2f}')

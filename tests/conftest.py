@@ -190,7 +190,8 @@ def vllm_server(vllm_env, tiny_model_dir, tmp_path_factory):
     server = VLLMServerProcess(model_path=str(tiny_model_dir), python=str(vllm_env / 'bin' /
                                'python'), port=0, max_model_len=512, dtype='float32',
                                kv_cache_gib=1, log_file=str(tmp_path_factory.mktemp('vllm') /
-                                                            'server.log'))
+                                                            'server.log'),
+                               env={'VLLM_V1_OUTPUT_PROC_CHUNK_SIZE': '1'})
     try:
         server.start()
     except RuntimeError as e:

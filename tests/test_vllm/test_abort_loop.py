@@ -88,7 +88,8 @@ def stand_in(request):
 
 def _backend(url):
     backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url=url,
-                                          weight_sync=dict(mode='none'), timeout_s=30.0))
+                                          weight_sync=dict(mode='none'), timeout_s=30.0,
+                                          max_batch_seqs=0))  # a request per prompt, counted
     backend.attach(None, None)
     return backend
 

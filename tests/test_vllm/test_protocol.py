@@ -179,14 +179,15 @@ def test_building_touches_no_server():
     assert backend.state_dict() == {'num_updates': 0, 'requests_sent': 0}
 
 
-def test_prompts_share_a_request_only_unseeded_and_beyond_the_slots():
-    """Prompts go together only when there are more than request slots (``max_concurrency``
-    per ready server), as few per request as fill them, never more than ``max_batch_seqs``
-    sequences, never with other ``extra``; a seeded call sends one request per prompt with
-    its own seed."""
+def test_unseeded_prompts_share_one_request_per_server_seeded_ones_do_not():
+    """Unseeded, prompts go together, one request per ready server (the request slots do
+    not split them further: each request is work for the server), never more than
+    ``max_batch_seqs`` sequences, never with other ``extra``; a seeded call sends one
+    request per prompt with its own seed."""
     backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url='http://a:1',
                                           max_concurrency=2, max_batch_seqs=8))
-    backend._pool = type('Pool', (), {'ready_servers': lambda self: ['server']})()
+    ready = ['server']
+    backend._pool = type('Pool', (), {'ready_servers': lambda self: ready})()
     backend.model_name = 'policy'
     params = SamplingParams(n=2)
 
@@ -194,10 +195,14 @@ def test_prompts_share_a_request_only_unseeded_and_beyond_the_slots():
         return [indices for indices, _ in backend._batches(requests, params, first)]
 
     many = [RolloutRequest([1, i]) for i in range(7)]
-    assert plan(many) == [[0, 1, 2, 3], [4, 5, 6]]  # 2 slots, 4 prompts x n=2 = 8 at most
-    assert plan(many[:2]) == [[0], [1]]  # no more prompts than slots
+    assert plan(many) == [[0, 1, 2, 3], [4, 5, 6]]  # 4 prompts x n=2 = 8 at most
+    assert plan(many[:2]) == [[0, 1]]  # fewer prompts than slots: still one request
     mixed = [RolloutRequest([1, i], extra={'min_tokens': 2} if i % 2 else {}) for i in range(6)]
     assert plan(mixed) == [[0, 2, 4], [1, 3, 5]]
+    backend.max_batch_seqs = 256
+    assert plan(many) == [list(range(7))]
+    ready.append('another server')  # one request for each
+    assert plan(many) == [[0, 1, 2, 3], [4, 5, 6]]
     seeded = backend._batches(many, SamplingParams(n=2, seed=3), 10)
     assert [indices for indices, _ in seeded] == [[i] for i in range(7)]
     assert [body['seed'] for _, body in seeded] == [request_seed(3, 10 + i, 2) for i in range(7)]

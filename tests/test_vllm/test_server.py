@@ -430,7 +430,8 @@ def test_abort_also_ends_requests_that_reach_the_server_after_it(policy, vllm_se
     taken (all of them if the abort was sent once), and ends few of them by length."""
     model, _ = policy
     proxy = _Proxy(vllm_server.url, until_abort=True)
-    backend = backend_for(proxy.url, weight_sync=dict(mode='none'), max_concurrency=16)
+    backend = backend_for(proxy.url, weight_sync=dict(mode='none'), max_concurrency=16,
+                          max_batch_seqs=0)  # a request per prompt: the proxy counts them
     backend.attach(model, None)
     params = SamplingParams(n=64, temperature=1.0, max_new_tokens=120)
     requests = [RolloutRequest([1, 5, 9], extra={'ignore_eos': True}) for _ in range(16)]

@@ -41,13 +41,12 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
     Prompts go to the server as ``POST /v1/completions`` with ``n=K`` and the prompts' token
     ids (:mod:`~gepo_xtuner.rollout.vllm.protocol`), so a group always comes from one server
-    and one weight version. A call with more prompts than request slots (``max_concurrency``
-    per ready server) puts several prompts in one request when it is unseeded, so that
-    every prompt is on a server at once (a server batches the sequences of all its
-    requests; prompts waiting here for a slot would leave it running fewer sequences than
-    it can, e.g. with small K); a seeded call (``params.seed``) sends one request per
-    prompt, because vLLM gives every prompt of a request the same seed and prompts would
-    share their random streams. Requests go to the ready server with the fewest outstanding
+    and one weight version. An unseeded call puts its prompts in one request per ready
+    server (at most ``max_batch_seqs`` sequences each), so that every prompt is on a server
+    at once in as few requests as that takes (a server batches the sequences of all its
+    requests, and each request costs its API process work); a seeded call
+    (``params.seed``) sends one request per prompt, because vLLM gives every prompt of a
+    request the same seed and prompts would share their random streams. Requests go to the ready server with the fewest outstanding
     (up to ``max_concurrency`` each); a server that dies or stops answering is taken out
     and its requests go once more to the others
     (:class:`~gepo_xtuner.rollout.server.pool.ServerPool`). An answer with fewer
@@ -120,7 +119,7 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
     def __init__(self, server_url: str | Sequence[str] | None = None,
                  launch: dict | None = None, weight_sync: dict | None = None,
-                 sleep_wake: bool = False, max_concurrency: int = 16,
+                 sleep_wake: bool = False, max_concurrency: int = 64,
                  timeout_s: float = 600.0, max_retries: int = 2, backoff_s: float = 1.0,
                  retry_after_s: float = 30.0, api_key: str | None = None,
                  model_name: str | None = None, max_batch_seqs: int = 256) -> None:
@@ -224,11 +223,10 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
         Seeded, or with ``max_batch_seqs < 2 * n``: one body per request, seeded with
         :func:`request_seed` of its number in the run (``first + i``). Otherwise requests
-        with equal ``extra`` go together in call order, as few per body as fill every
-        request slot of the ready servers (``max_concurrency`` each) and at most
-        ``max_batch_seqs // n``: a call with no more prompts than slots still sends one
-        body per prompt, and a larger one has every prompt on a server at once instead of
-        waiting in this process for a slot.
+        with equal ``extra`` go together in call order, one body per ready server, each at
+        most ``max_batch_seqs // n`` prompts: every prompt is on a server at once (none
+        waits in this process for a slot), in as few requests as that takes (each request
+        costs the server's API process work on the cores its engine may share).
         """
         most = self.max_batch_seqs // params.n
         if params.seed is not None or most <= 1:
@@ -236,8 +234,8 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                 self.model_name, [r], params,
                 None if params.seed is None else request_seed(params.seed, first + i, params.n)))
                 for i, r in enumerate(requests)]
-        slots = max(1, len(self._pool.ready_servers())) * self.max_concurrency
-        per = min(most, -(-len(requests) // slots))
+        servers = max(1, len(self._pool.ready_servers()))
+        per = min(most, -(-len(requests) // servers))
         alike: dict[str, list[int]] = {}  # extra (as sorted JSON) -> indices, in call order
         for i, r in enumerate(requests):
             alike.setdefault(json.dumps(r.extra, sort_keys=True, default=repr), []).append(i)
