@@ -184,6 +184,9 @@ class RolloutBackend(abc.ABC):
     #: whether :meth:`generate` may run on several threads at once (``train_cfg.
     #: groups_in_flight > 1``); False by default
     concurrent_generate: bool = False
+    #: whether :meth:`generate` sends one engine request per response (``n`` per prompt),
+    #: which the streaming stage counts against :meth:`request_slots`
+    request_per_response: bool = False
 
     def attach(self, model: nn.Module, tokenizer: Any) -> None:
         """Called once by the loop with the (unwrapped) policy and its tokenizer."""
@@ -291,10 +294,10 @@ class RolloutBackend(abc.ABC):
         raise NotImplementedError(self.partial_refusal())
 
     def request_slots(self) -> int | None:
-        """How many requests this backend has running on its engines at once, over all of
-        them (more wait for a slot), or None when it sets no such limit (the in-process
-        backend: a call is one batch). The streaming stage warns when its workers need
-        more."""
+        """How many requests this backend (this rank's copy) keeps in flight at once, over
+        all its servers: its own cap, whatever the engines then run at once (more wait in
+        the trainer for a slot); None when it sets no such cap (the in-process backend: a
+        call is one batch). The streaming stage warns when its workers need more."""
         return None
 
     def abort(self) -> None:

@@ -184,18 +184,29 @@ def test_a_groups_continuations_with_different_budgets_run_at_once():
         assert a['start'] < b['end'] and b['start'] < a['end'], 'the calls ran in turn'
 
 
-@pytest.mark.parametrize('slots,warned', [(3, True), (4, False), (None, False)])
-def test_too_few_request_slots_for_the_groups_in_flight_are_logged(capsys, slots, warned):
-    """Two groups in flight of two responses may send four continuation requests at once;
-    a backend with fewer slots makes some wait, which the run's log says with what to
-    change."""
-    MMLogger.get_instance('gepo-partial-test')  # the "current" logger print_log writes to
+@pytest.mark.parametrize('slots,partial,per_response,warned', [
+    (3, True, False, True), (4, True, False, False), (None, True, False, False),
+    (3, False, True, True), (3, False, False, False)])
+def test_too_few_request_slots_for_the_groups_in_flight_are_logged(capsys, slots, partial,
+                                                                   per_response, warned):
+    """Two groups in flight of two responses may send four requests at once: with partial
+    rollouts (a cut group is continued with a request per response) or on a backend that
+    sends a request per response (LMDeploy), else two. A backend with fewer slots makes
+    some wait, which the run's log says with what to change."""
+    # a logger of its own, so that its handler writes to this case's captured output
+    MMLogger.get_instance(f'gepo-slots-test-{slots}-{partial}-{per_response}')
     backend = TokenBackend(slots=slots)
-    drive(make(backend, 2, workers=2), backend, 2)
+    backend.request_per_response = per_response
+    stage = build_rollout_stage(StageSettings(2, partial_rollout=partial, groups_in_flight=2),
+                                backend, source(),
+                                lambda records: [RolloutRequest([r['id']]) for r in records],
+                                lambda: 7, max_steps=2)
+    drive(stage, backend, 2)
     out = capsys.readouterr()
     log = out.out + out.err
-    assert ('may send 4 requests at once' in log and 'runs at most 3' in log
-            and 'max_concurrency' in log) == warned
+    assert ('may send 4 requests at once' in log and 'sends at most 3' in log
+            and 'max_concurrency to 4' in log) == warned, log[-2000:]
+    assert ('requests at once' in log) == warned
 
 
 def test_cut_groups_in_a_checkpoint_are_continued_after_resume():

@@ -180,10 +180,10 @@ def test_building_touches_no_server():
 
 
 def test_unseeded_prompts_share_one_request_per_server_seeded_ones_do_not():
-    """Unseeded, prompts go together, one request per ready server (the request slots do
-    not split them further: each request is work for the server), never more than
-    ``max_batch_seqs`` sequences, never with other ``extra``; a seeded call sends one
-    request per prompt with its own seed."""
+    """Unseeded, prompts go together in near-equal requests, one per ready server or as
+    many as ``max_batch_seqs`` sequences per request needs (the request slots do not split
+    them further: each request is work for the server), never with other ``extra``; a
+    seeded call sends one request per prompt with its own seed."""
     backend = ROLLOUT_BACKENDS.build(dict(type='VLLMRolloutBackend', server_url='http://a:1',
                                           max_concurrency=2, max_batch_seqs=8))
     ready = ['server']
@@ -203,6 +203,9 @@ def test_unseeded_prompts_share_one_request_per_server_seeded_ones_do_not():
     assert plan(many) == [list(range(7))]
     ready.append('another server')  # one request for each
     assert plan(many) == [[0, 1, 2, 3], [4, 5, 6]]
+    ready.extend(['server'] * 4)  # six servers, seven prompts: none left idle
+    assert plan(many) == [[0, 1], [2], [3], [4], [5], [6]]
+    assert plan(many[:3]) == [[0], [1], [2]]  # never an empty request
     seeded = backend._batches(many, SamplingParams(n=2, seed=3), 10)
     assert [indices for indices, _ in seeded] == [[i] for i in range(7)]
     assert [body['seed'] for _, body in seeded] == [request_seed(3, 10 + i, 2) for i in range(7)]

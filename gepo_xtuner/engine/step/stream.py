@@ -42,14 +42,16 @@ The rules:
   most ``max_new_tokens`` in all) with the new weights, first in its order, and appends
   what comes back, stamped with the new version: ``RolloutSample.token_versions`` holds
   each token's version, and each token's logprob is the one its own version gave it.
-  Nothing trained is dropped or duplicated (a server that streams in chunks may sample a
-  few tokens again that it had not sent before the cut); a group is trained only once all
+  Nothing trained is dropped or duplicated (a server that streams in chunks and dropped
+  the tokens it had not sent at the cut would sample those again; vLLM 0.32 sends them
+  with the abort); a group is trained only once all
   its responses ended by a stop token or the length cap. The group's oldest tokens are its first, so
   the pacing bound holds per token: no trained token is more than ``k`` versions old.
   Continuations of responses with different remaining budgets go in separate calls,
   which run at once on a backend that takes concurrent calls (the server backends).
 - **Several groups in flight** (``groups_in_flight=g``): ``g`` worker threads take the
-  next groups in the same order, each one call at a time (server backends).
+  next groups in the same order, each one job at a time (a new group, or the continuation
+  calls of a cut one) (server backends).
 - **Checkpoint.** A checkpoint saved at the end of step ``s`` holds the producer's
   complete, untrained groups (batches ``s + 1 .. s + k``) as samples: token ids,
   logprobs, finish reasons, weight version, with the batch and position they answer and
@@ -380,19 +382,26 @@ class RolloutStageStream:
 
     def _warn_slots(self, n: int) -> None:
         """Warns when the backend's request slots cannot hold every request the workers
-        may have in flight with partial rollouts: ``groups_in_flight x n``, since a cut
-        group is continued with one request per response. The requests beyond the slots
-        wait, and with them the groups they belong to (which then miss their step)."""
-        slots = self.backend.request_slots()
-        need = self.workers * n
-        if not self.partial or slots is None or need <= slots:
+        may have in flight: ``groups_in_flight x n`` with partial rollouts (a cut group is
+        continued with one request per response) or on a backend that sends a request per
+        response (``request_per_response``, LMDeploy), else ``groups_in_flight``. The
+        requests beyond the slots wait, and with them the groups they belong to (which
+        then miss their step)."""
+        slots = getattr(self.backend, 'request_slots', lambda: None)()
+        per_response = self.partial or getattr(self.backend, 'request_per_response', False)
+        need = self.workers * (n if per_response else 1)
+        if slots is None or need <= slots:
             return
-        print_log(f'partial rollouts: {self.workers} group(s) in flight of {n} responses may '
-                  f'send {need} requests at once (a cut group is continued with one request '
-                  f'per response), but {type(self.backend).__name__} runs at most {slots} '
-                  'at once; the others wait for a slot and delay their groups. Raise its '
-                  f'max_concurrency (to {need} over all servers) or lower '
-                  'train_cfg.groups_in_flight', logger='current', level=logging.WARNING)
+        why = ('a cut group is continued with one request per response' if self.partial
+               else 'the backend sends one request per response')
+        per_server = getattr(self.backend, 'max_concurrency', None)
+        servers = slots // per_server if per_server else 1
+        print_log(f'{self.workers} group(s) in flight of {n} responses may send {need} '
+                  f'requests at once ({why}), but {type(self.backend).__name__} sends at most '
+                  f'{slots}; the others wait for a slot and delay their groups. Raise its '
+                  f'max_concurrency to {-(-need // servers)} (per server, {servers} '
+                  'server(s)) or lower train_cfg.groups_in_flight',
+                  logger='current', level=logging.WARNING)
 
     def _add_batch(self, records: list[dict], requests: list[RolloutRequest]) -> None:
         with self._cv:
@@ -467,8 +476,9 @@ class RolloutStageStream:
         return None
 
     def _produce(self, device: int | None) -> None:
-        """A worker: one group (or one continuation call of a cut group) per ``generate``
-        call, parked while paused, at the bound, or with nothing drawn."""
+        """A worker: one job at a time, a new group (one ``generate`` call) or the
+        continuation of a cut one (:meth:`_generate`'s calls); parked while paused, at the
+        bound, or with nothing drawn."""
         if device is not None:  # the current CUDA device is per thread
             torch.cuda.set_device(device)
         while True:
@@ -529,6 +539,9 @@ class RolloutStageStream:
 
         Returns:
             ``(answer, which)`` per call made, in the order of ``calls``.
+
+        Raises:
+            What a call raised (the first one's error), once every call of the job ended.
         """
         if len(calls) > 1 and self.backend.concurrent_generate:
             with ThreadPoolExecutor(len(calls), thread_name_prefix='rollout-call') as pool:
@@ -603,7 +616,7 @@ def continuations(slot: _Slot, params: SamplingParams, seed: int
                   ) -> list[tuple[list[RolloutRequest], SamplingParams, list[int]]]:
     """The calls that continue a cut group: its cut responses, each as one request whose
     prompt is the group's prompt followed by the response's tokens so far (``n=1``), one
-    call per remaining budget ``max_new_tokens - tokens so far`` (shortest first), seeded
+    call per remaining budget ``max_new_tokens - tokens so far`` (largest first), seeded
     from the group's seed, the segment and the call.
 
     Returns:

@@ -122,6 +122,8 @@ class LMDeployRolloutBackend(ServerRolloutBackend):
     """
 
     ENGINE = 'LMDeploy'
+    #: ``/generate`` has no ``n``: every response is its own request
+    request_per_response = True
     PROCESS = LMDeployServerProcess
     LAUNCH_KEYS = LAUNCH_KEYS
     ERROR = LMDeployServerError

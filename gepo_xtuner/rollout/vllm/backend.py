@@ -34,6 +34,19 @@ class VLLMServerError(ServerBackendError):
     """The vLLM server could not do what was asked (the message says what to check)."""
 
 
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    """``items`` in order, as ``min(parts, len(items))`` runs whose lengths differ by at
+    most one (the longer ones first)."""
+    parts = max(1, min(parts, len(items)))
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for p in range(parts):
+        end = start + size + (p < extra)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
 @ROLLOUT_BACKENDS.register_module()
 class VLLMRolloutBackend(ServerRolloutBackend):
     """K responses per prompt from one or several vLLM API servers, with token ids and raw
@@ -223,8 +236,9 @@ class VLLMRolloutBackend(ServerRolloutBackend):
 
         Seeded, or with ``max_batch_seqs < 2 * n``: one body per request, seeded with
         :func:`request_seed` of its number in the run (``first + i``). Otherwise requests
-        with equal ``extra`` go together in call order, one body per ready server, each at
-        most ``max_batch_seqs // n`` prompts: every prompt is on a server at once (none
+        with equal ``extra`` go together in call order, in near-equal bodies, as many as
+        the ready servers or as ``max_batch_seqs // n`` prompts per body needs, whichever
+        is more (never more than the prompts): every prompt is on a server at once (none
         waits in this process for a slot), in as few requests as that takes (each request
         costs the server's API process work on the cores its engine may share).
         """
@@ -235,14 +249,13 @@ class VLLMRolloutBackend(ServerRolloutBackend):
                 None if params.seed is None else request_seed(params.seed, first + i, params.n)))
                 for i, r in enumerate(requests)]
         servers = max(1, len(self._pool.ready_servers()))
-        per = min(most, -(-len(requests) // servers))
         alike: dict[str, list[int]] = {}  # extra (as sorted JSON) -> indices, in call order
         for i, r in enumerate(requests):
             alike.setdefault(json.dumps(r.extra, sort_keys=True, default=repr), []).append(i)
         return [(chunk, build_batch_payload(self.model_name, [requests[i] for i in chunk],
                                             params, None))
                 for indices in alike.values()
-                for chunk in (indices[k:k + per] for k in range(0, len(indices), per))]
+                for chunk in _split(indices, max(servers, -(-len(indices) // most)))]
 
     def probe_logprobs(self, ids: Sequence[int], server: int = 0) -> list[float]:
         """The server's ``log p(ids[t] | ids[:t])``, ``t >= 1``, under its current weights."""

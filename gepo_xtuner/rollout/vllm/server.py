@@ -66,9 +66,8 @@ class VLLMServerProcess(ServerProcess):
             (``train_cfg.partial_rollout``). A chunk per token makes the server's API
             process and the trainer's client handle one JSON message per token of every
             response (measured on the 2-core CPU: ``/abort_requests`` waited up to 1.8 s
-            behind them); a response cut at a push loses at most the
-            ``stream_interval - 1`` tokens not yet sent, which are sampled again on the new
-            weights.
+            behind them). A response cut at a push keeps the tokens not yet sent: vLLM
+            0.32 sends them with the abort.
         host, port, extra_args, env, log_file, startup_timeout_s, command, trust_remote_code: as
             :class:`~gepo_xtuner.rollout.server.process.ServerProcess`.
     """
