@@ -95,9 +95,12 @@ def update(backend, stage, progress: StreamProgress, streamed: bool, settle_s: f
 def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
                                groups: int = 8, n: int = 4, new_tokens: int = 96,
                                groups_in_flight: int = 2, tolerance: float = 1e-3,
-                               streamed: bool = False) -> dict:
+                               streamed: bool = False, most_steps: int | None = None) -> dict:
     """Runs the check (the backend attached to ``model``, whose weights the server holds;
     ``streamed``: it streams its answers, and the push waits for some of their tokens).
+    ``most_steps``: after ``steps`` steps without a response cut by a push, goes on up to
+    this many (a server that serves the abort late, e.g. behind its streams, cuts nothing
+    at some pushes); every step run is checked.
 
     Returns:
         ``dict(cut=responses continued across a push, worst=largest logprob gap)``.
@@ -113,17 +116,21 @@ def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
             prompts[r['id']] = [1, 4 + r['id'] % 40, 5 + r['id'] % 7]
         return [RolloutRequest(prompts[r['id']], extra={'ignore_eos': True}) for r in records]
 
+    most = max(steps, most_steps or steps)
     stage = build_rollout_stage(StageSettings(k, partial_rollout=True,
                                               groups_in_flight=groups_in_flight),
-                                backend, source, encode, lambda: 11, max_steps=steps)
+                                backend, source, encode, lambda: 11, max_steps=most)
     stage.start()
     trained = []
     progress = StreamProgress().__enter__()
     try:
-        for step in range(steps):
+        for step in range(most):
+            if step >= steps and any(len(set(s.versions())) > 1
+                                     for *_, samples, _ in trained for g in samples for s in g):
+                break  # a push has cut a response: enough steps
             records = stage.next_records()
             samples, _, _ = stage.responses(step, records, stage.encode(records), params,
-                                            step + 1 == steps)
+                                            step + 1 == most)
             update(backend, stage, progress, streamed)
             stage.before_sync(lambda name: nullcontext())
             perturb(model, seed=step)
@@ -132,7 +139,7 @@ def push_during_long_responses(backend, model, *, k: int = 2, steps: int = 5,
             batch = build_response_batch([prompts[r['id']] for r in records], samples, 0)
             metrics = stage.step_metrics(step, Rollouts(records, samples, batch, 0, 1.0), 1.0)
             trained.append((step, records, samples, metrics))
-            stage.end_step(SimpleNamespace(hooks=[], iter=step), steps, [{}])
+            stage.end_step(SimpleNamespace(hooks=[], iter=step), most, [{}])
     finally:
         progress.__exit__()
         stage.finish()

@@ -16,7 +16,8 @@ def test_a_push_during_long_responses_keeps_every_token_and_its_version(vllm_ser
     backend = backend_for(vllm_server.url, weight_sync=dict(mode='disk', probe_tolerance=1e-3))
     backend.attach(model, tok)  # pushes the policy (the server may hold another test's)
     try:
-        push_during_long_responses(backend, model, steps=6, groups=4, new_tokens=384,
+        push_during_long_responses(backend, model, steps=6, most_steps=16, groups=4,
+                                   new_tokens=384,
                                    streamed=True)
     finally:
         backend.close()
